@@ -1,0 +1,44 @@
+"""Counters a user can read: ``CudaGraphModule.stats``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["GraphStats"]
+
+
+@dataclass
+class GraphStats:
+    """What a :class:`~graphmodule.CudaGraphModule` has done so far.
+
+    Attributes:
+        warmup_calls: calls run eagerly before the capture.
+        captures: graphs captured (more than one only after ``reset()``).
+        replays: calls answered by replaying the graph (the capturing call included).
+        eager_calls: calls after warmup that ran eagerly (no CUDA, or after a failed
+            capture with ``on_capture_failure="eager"``).
+        capture_failures: captures that failed.
+        input_mismatches: calls refused because their inputs differed from the capture.
+        capture_seconds: wall time of the last capture.
+
+    Example:
+        >>> import torch, warnings
+        >>> from graphmodule import CudaGraphModule
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     g = CudaGraphModule(lambda x: x + 1, backend="eager")
+        >>> _ = g(torch.zeros(2))
+        >>> g.stats.warmup_calls
+        1
+    """
+
+    warmup_calls: int = 0
+    captures: int = 0
+    replays: int = 0
+    eager_calls: int = 0
+    capture_failures: int = 0
+    input_mismatches: int = 0
+    capture_seconds: float = 0.0
+
+    def copy(self) -> "GraphStats":
+        return replace(self)

@@ -1,0 +1,276 @@
+"""How a call's inputs become a flat list of leaves, and back.
+
+Containers (tuples, lists, dicts, namedtuples, ``None``) are flattened by optree, a
+C++ pytree library: about a microsecond for a small call. TensorDicts are leaves
+for optree and are flattened here, by key, so that their keys and batch size are
+part of the structure and their leaves are checked and copied like any tensor.
+
+A TensorDict is read in one of two ways:
+
+- exactly (an argument of a plain function): its keys must be the captured keys;
+- by key (the input of a TensorDict module): the captured keys must be present,
+  other keys are ignored, as the module does not read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import optree
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ._errors import Mismatch
+
+NestedKey = tuple  # a TensorDict key as a tuple of strings
+
+
+def as_key(key: Any) -> NestedKey:
+    """``"a"`` and ``("a", "b")`` as tuples of strings."""
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def format_key(key: NestedKey) -> str:
+    return ", ".join(repr(part) for part in key)
+
+
+def format_path(path: Sequence[Any], arg_names: Sequence[str] = ()) -> str:
+    """``(0, 1, 'obs')`` → ``args[1]['obs']``; ``(1, 'x')`` → ``kwargs['x']``."""
+    if not path:
+        return "inputs"
+    head, rest = path[0], list(path[1:])
+    if head == 0 and rest:
+        index = rest.pop(0)
+        text = arg_names[index] if index < len(arg_names) else f"args[{index}]"
+    elif head == 1 and rest:
+        text = f"kwargs[{rest.pop(0)!r}]"
+    else:
+        text = "inputs"
+    return text + "".join(f"[{part!r}]" for part in rest)
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for messages; never prints tensor data."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}, {value.dtype} on {value.device}"
+    if isinstance(value, TensorDictBase):
+        return f"a {type(value).__name__} with batch size {tuple(value.batch_size)}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
+
+
+def _td_leaf_keys(td: TensorDictBase) -> tuple[NestedKey, ...]:
+    return tuple(sorted(as_key(k) for k in td.keys(include_nested=True, leaves_only=True)))
+
+
+@dataclass(frozen=True)
+class TensorDictSlot:
+    """One TensorDict among the optree leaves, and the keys read from it."""
+
+    position: int  # index among the optree leaves
+    td_type: type
+    batch_size: torch.Size
+    keys: tuple[NestedKey, ...]
+    exact: bool  # the key set must match (else: extra keys are ignored)
+
+
+class Layout:
+    """The structure of a call's inputs, fixed at capture.
+
+    ``leaves(tree)`` returns the flat leaves of a later call in the captured order,
+    or ``None`` when the structure differs; ``diff(tree)`` then says how.
+    """
+
+    def __init__(self, treespec: Any, slots: tuple[TensorDictSlot, ...], paths: list[tuple], outer: list):
+        self.treespec = treespec
+        self.slots = slots
+        self.paths = paths  # the optree path of each outer leaf
+        self.described = [describe(leaf) for leaf in outer]  # for "missing" messages
+        self._slot_at = {slot.position: slot for slot in slots}
+
+    @classmethod
+    def capture(cls, tree: Any, by_key: dict[int, Sequence[NestedKey] | None] | None = None):
+        """The layout of ``tree`` and its leaves.
+
+        ``by_key`` maps the position of a TensorDict among the optree leaves to the
+        keys to read from it (``None``: the keys it has now); those TensorDicts
+        ignore extra keys later. Every other TensorDict is read exactly.
+        """
+        by_key = by_key or {}
+        paths, outer, treespec = optree.tree_flatten_with_path(tree)
+        slots = []
+        for position, leaf in enumerate(outer):
+            if isinstance(leaf, TensorDictBase):
+                if position in by_key:
+                    keys = by_key[position]
+                    keys = _td_leaf_keys(leaf) if keys is None else _expand_keys(leaf, keys)
+                    exact = False
+                else:
+                    keys, exact = _td_leaf_keys(leaf), True
+                slots.append(
+                    TensorDictSlot(position, type(leaf), leaf.batch_size, keys, exact)
+                )
+        layout = cls(treespec, tuple(slots), paths, outer)
+        split = layout.leaves(tree)
+        if split is None:  # a by-key TensorDict lacks one of the keys asked for
+            return layout, None
+        return layout, split
+
+    def leaf_paths(self, arg_names: Sequence[str] = ()) -> list[str]:
+        """A printable path for each flat leaf."""
+        out = []
+        for position, path in enumerate(self.paths):
+            text = format_path(path, arg_names)
+            slot = self._slot_at.get(position)
+            if slot is None:
+                out.append(text)
+            else:
+                out += [f"{text}[{format_key(key)}]" for key in slot.keys]
+        return out
+
+    def leaves(self, tree: Any) -> tuple[list, dict[int, TensorDictBase]] | None:
+        """The flat leaves of ``tree`` and its TensorDicts by position, or ``None``."""
+        outer, treespec = optree.tree_flatten(tree)
+        if treespec != self.treespec:
+            return None
+        if not self.slots:
+            return outer, _NO_TDS
+        flat: list = []
+        tds: dict[int, TensorDictBase] = {}
+        start = 0
+        for slot in self.slots:
+            flat += outer[start : slot.position]
+            start = slot.position + 1
+            td = outer[slot.position]
+            if type(td) is not slot.td_type or td.batch_size != slot.batch_size:
+                return None
+            if slot.exact and _td_leaf_keys(td) != slot.keys:
+                return None
+            values = [td.get(key, _MISSING) for key in slot.keys]
+            if any(value is _MISSING for value in values):
+                return None
+            flat += values
+            tds[slot.position] = td
+        flat += outer[start:]
+        return flat, tds
+
+    def diff(self, tree: Any, arg_names: Sequence[str] = ()) -> list[Mismatch]:
+        """The structural differences between ``tree`` and the captured layout."""
+        paths, outer, treespec = optree.tree_flatten_with_path(tree)
+        by_path = dict(zip(map(tuple, paths), outer))
+        captured = {tuple(path): position for position, path in enumerate(self.paths)}
+        found: list[Mismatch] = []
+        for path, position in captured.items():
+            text = format_path(path, arg_names)
+            slot = self._slot_at.get(position)
+            if path not in by_path:
+                found.append(Mismatch(text, "missing", self.described[position], "nothing"))
+                continue
+            value = by_path[path]
+            if slot is None:
+                if isinstance(value, TensorDictBase):
+                    found.append(Mismatch(text, "type", "a non-TensorDict leaf", describe(value)))
+                continue
+            if not isinstance(value, TensorDictBase):
+                found.append(Mismatch(text, "type", f"a {slot.td_type.__name__}", describe(value)))
+                continue
+            found += _diff_td(slot, value, text)
+        for path, value in by_path.items():
+            if path not in captured:
+                found.append(Mismatch(format_path(path, arg_names), "extra", "", describe(value)))
+        if not found and treespec != self.treespec:
+            found.append(
+                Mismatch("inputs", "structure", _spec_text(self.treespec), _spec_text(treespec))
+            )
+        return found
+
+
+_MISSING = object()
+_NO_TDS: dict = {}
+
+
+def _spec_text(treespec: Any) -> str:
+    text = str(treespec)
+    return text[len("PyTreeSpec(") : -1] if text.startswith("PyTreeSpec(") else text
+
+
+def _expand_keys(td: TensorDictBase, keys: Sequence[Any]) -> tuple[NestedKey, ...]:
+    """The leaf keys under ``keys`` (a key may name a nested TensorDict); missing keys stay."""
+    out = []
+    for key in map(as_key, keys):
+        value = td.get(key, None)
+        if isinstance(value, TensorDictBase):
+            out += [key + sub for sub in _td_leaf_keys(value)]
+        else:
+            out.append(key)
+    return tuple(sorted(set(out)))
+
+
+def _diff_td(slot: TensorDictSlot, td: TensorDictBase, text: str) -> list[Mismatch]:
+    found = []
+    if type(td) is not slot.td_type:
+        found.append(Mismatch(text, "type", slot.td_type.__name__, type(td).__name__))
+    if td.batch_size != slot.batch_size:
+        found.append(
+            Mismatch(text, "batch_size", str(tuple(slot.batch_size)), str(tuple(td.batch_size)))
+        )
+    have = set(_td_leaf_keys(td))
+    for key in slot.keys:
+        if key not in have:
+            found.append(Mismatch(f"{text}[{format_key(key)}]", "missing", "a value", "nothing"))
+    if slot.exact:
+        for key in sorted(have - set(slot.keys)):
+            found.append(
+                Mismatch(f"{text}[{format_key(key)}]", "extra", "", describe(td.get(key)))
+            )
+    return found
+
+
+def unflatten(layout: Layout, leaves: list, tds: dict[int, TensorDictBase]) -> Any:
+    """Rebuild a tree from flat leaves, with ``tds[position]`` for each TensorDict slot."""
+    if not layout.slots:
+        return optree.tree_unflatten(layout.treespec, leaves)
+    outer: list = []
+    start = 0
+    for slot in layout.slots:
+        count = slot.position - len(outer)
+        outer += leaves[start : start + count]
+        start += count + len(slot.keys)
+        outer.append(tds[slot.position])
+    outer += leaves[start:]
+    return optree.tree_unflatten(layout.treespec, outer)
+
+
+def slot_ranges(layout: Layout) -> dict[int, range]:
+    """For each TensorDict slot, the range of its leaves in the flat list."""
+    ranges, offset, outer_done = {}, 0, 0
+    for slot in layout.slots:
+        offset += slot.position - outer_done
+        ranges[slot.position] = range(offset, offset + len(slot.keys))
+        offset += len(slot.keys)
+        outer_done = slot.position + 1
+    return ranges
+
+
+def dense_copy(td: TensorDictBase, keys: Sequence[NestedKey]) -> TensorDict:
+    """A dense TensorDict holding clones of ``td``'s leaves at ``keys``."""
+    out = TensorDict(batch_size=td.batch_size, device=td.device)
+    for key in keys:
+        value = td.get(key)
+        out.set(key, value.clone() if isinstance(value, torch.Tensor) else value)
+    return out
+
+
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """Every tensor in ``tree``, TensorDicts expanded by sorted key, in a fixed order."""
+    out: list[torch.Tensor] = []
+    for leaf in optree.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif isinstance(leaf, TensorDictBase):
+            for key in _td_leaf_keys(leaf):
+                value = leaf.get(key)
+                if isinstance(value, torch.Tensor):
+                    out.append(value)
+    return out
