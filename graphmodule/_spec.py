@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from ._errors import InputMismatchError, Mismatch, RequiresGradError
-from ._tree import Layout, describe
+from ._tree import MISSING, Layout, describe
 
 try:  # dynamo's C++ tensor check; optional, the Python comparison is the reference
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -119,18 +119,20 @@ class InputSpec:
             return False
 
     # -- the slow path: only after a mismatch ----------------------------------------
-    def mismatches(self, tree: Any, split: tuple | None = None) -> list[Mismatch]:
-        if split is None:
-            split = self.layout.leaves(tree)
-        if split is None:
+    def mismatches(self, tree: Any) -> list[Mismatch]:
+        """Every difference between ``tree`` and the capture, in input order."""
+        loose = self.layout.loose_leaves(tree, self.arg_names)
+        if loose is None:
             return self.layout.diff(tree, self.arg_names)
-        leaves = split[0]
+        leaves, found = loose
         paths = self.layout.leaf_paths(self.arg_names)
-        found: list[Mismatch] = []
         facts = dict(zip(self.tensor_index, self.facts))
         constants = dict(zip(self.const_index, self.constants))
         for i, (leaf, path) in enumerate(zip(leaves, paths)):
-            if i in facts:
+            if leaf is MISSING:
+                expected = _describe_facts(facts[i]) if i in facts else describe(constants[i])
+                found.append(Mismatch(path, "missing", expected, "nothing"))
+            elif i in facts:
                 found += _tensor_mismatches(path, facts[i], leaf)
             elif not _same_constant(leaf, constants[i]):
                 kind = "type" if isinstance(leaf, Tensor) else "value"
@@ -138,7 +140,7 @@ class InputSpec:
         return found
 
     def raise_mismatch(self, tree: Any, split: tuple | None = None) -> tuple[list, dict]:
-        found = self.mismatches(tree, split)
+        found = self.mismatches(tree)
         if not found:  # the fast check was stricter than the definition: a match
             return split if split is not None else self.layout.leaves(tree)
         if all(m.kind == "requires_grad" for m in found):
@@ -153,11 +155,15 @@ class InputSpec:
         lines = []
         for i, path in enumerate(paths):
             if i in facts:
-                shape, dtype, device, _ = facts[i]
-                lines.append(f"{path}: tensor of shape {tuple(shape)}, {dtype} on {device}")
+                lines.append(f"{path}: {_describe_facts(facts[i])}")
             else:
                 lines.append(f"{path}: constant {describe(constants[i])}")
         return "\n".join(lines)
+
+
+def _describe_facts(facts: tuple) -> str:
+    shape, dtype, device, _ = facts
+    return f"a tensor of shape {tuple(shape)}, {dtype} on {device}"
 
 
 def _tensor_mismatches(path: str, facts: tuple, leaf: Any) -> list[Mismatch]:

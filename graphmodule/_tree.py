@@ -155,27 +155,48 @@ class Layout:
         flat += outer[start:]
         return flat, tds
 
+    def loose_leaves(self, tree: Any, arg_names: Sequence[str] = ()) -> tuple[list, list[Mismatch]] | None:
+        """For a message: the leaves (``MISSING`` where absent) and TensorDict-level mismatches.
+
+        ``None`` when the containers themselves differ (see :meth:`diff`).
+        """
+        outer, treespec = optree.tree_flatten(tree)
+        if treespec != self.treespec:
+            return None
+        flat: list = []
+        found: list[Mismatch] = []
+        for position, leaf in enumerate(outer):
+            slot = self._slot_at.get(position)
+            if slot is None:
+                flat.append(leaf)
+                continue
+            text = format_path(self.paths[position], arg_names)
+            if not isinstance(leaf, TensorDictBase):
+                found.append(Mismatch(text, "type", f"a {slot.td_type.__name__}", describe(leaf)))
+                flat += [MISSING] * len(slot.keys)
+                continue
+            found += _diff_td(slot, leaf, text)
+            flat += [leaf.get(key, MISSING) for key in slot.keys]
+        return flat, found
+
     def diff(self, tree: Any, arg_names: Sequence[str] = ()) -> list[Mismatch]:
-        """The structural differences between ``tree`` and the captured layout."""
+        """How the containers of ``tree`` differ from the captured ones."""
         paths, outer, treespec = optree.tree_flatten_with_path(tree)
         by_path = dict(zip(map(tuple, paths), outer))
         captured = {tuple(path): position for position, path in enumerate(self.paths)}
         found: list[Mismatch] = []
         for path, position in captured.items():
             text = format_path(path, arg_names)
-            slot = self._slot_at.get(position)
             if path not in by_path:
                 found.append(Mismatch(text, "missing", self.described[position], "nothing"))
                 continue
-            value = by_path[path]
-            if slot is None:
-                if isinstance(value, TensorDictBase):
-                    found.append(Mismatch(text, "type", "a non-TensorDict leaf", describe(value)))
-                continue
-            if not isinstance(value, TensorDictBase):
+            value, slot = by_path[path], self._slot_at.get(position)
+            if slot is None and isinstance(value, TensorDictBase):
+                found.append(Mismatch(text, "type", self.described[position], describe(value)))
+            elif slot is not None and not isinstance(value, TensorDictBase):
                 found.append(Mismatch(text, "type", f"a {slot.td_type.__name__}", describe(value)))
-                continue
-            found += _diff_td(slot, value, text)
+            elif slot is not None:
+                found += _diff_td(slot, value, text)
         for path, value in by_path.items():
             if path not in captured:
                 found.append(Mismatch(format_path(path, arg_names), "extra", "", describe(value)))
@@ -186,7 +207,8 @@ class Layout:
         return found
 
 
-_MISSING = object()
+MISSING = object()  # a key absent from a TensorDict
+_MISSING = MISSING
 _NO_TDS: dict = {}
 
 
@@ -216,9 +238,6 @@ def _diff_td(slot: TensorDictSlot, td: TensorDictBase, text: str) -> list[Mismat
             Mismatch(text, "batch_size", str(tuple(slot.batch_size)), str(tuple(td.batch_size)))
         )
     have = set(_td_leaf_keys(td))
-    for key in slot.keys:
-        if key not in have:
-            found.append(Mismatch(f"{text}[{format_key(key)}]", "missing", "a value", "nothing"))
     if slot.exact:
         for key in sorted(have - set(slot.keys)):
             found.append(

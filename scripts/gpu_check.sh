@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The whole GPU check in one call of the device tool (see README "Testing on a GPU"):
+#   install the carried wheels, run every test file in its own process (a failed capture
+#   cannot poison the next file), then the benchmark; everything lands under $OUT.
+# Usage (device tool): bash scripts/gpu_check.sh [tests|bench|all]   (carry: .whl)
+set -u
+what=${1:-all}
+OUT=${OUT:-/tmp/graphmodule-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+{
+  date -u +"date: %Y-%m-%dT%H:%MZ"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
+  python3 -c "import sys, torch, tensordict, optree; print('python:', sys.version.split()[0]); print('torch:', torch.__version__, 'cuda', torch.version.cuda); print('tensordict:', tensordict.__version__); print('optree:', optree.__version__)"
+} | tee "$OUT/env.txt"
+
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  : > "$OUT/tests.log"
+  : > "$OUT/summary.txt"
+  for f in tests/test_*.py; do
+    # One process per file: a capture that breaks CUDA state stays inside its file, and a
+    # crash shows as that file's failure instead of hiding the others' results.
+    timeout 300 python3 -m pytest -q -p no:cacheprovider "$f" >"$OUT/one.log" 2>&1
+    rc=$?
+    cat "$OUT/one.log" >> "$OUT/tests.log"
+    line=$(grep -E "(passed|failed|error|skipped|no tests ran)" "$OUT/one.log" | tail -n 1)
+    printf '%-44s rc=%-3s %s\n' "$f" "$rc" "$line" | tee -a "$OUT/summary.txt"
+    if [ "$rc" -ne 0 ]; then status=1; fi
+  done
+  rm -f "$OUT/one.log"
+  python3 - "$OUT/summary.txt" <<'PY' | tee -a "$OUT/summary.txt"
+import re, sys
+tot = {}
+for line in open(sys.argv[1]):
+    for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", line):
+        tot[k] = tot.get(k, 0) + int(n)
+print("TOTAL:", ", ".join(f"{v} {k}" for k, v in sorted(tot.items())))
+PY
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  if [ -f benchmarks/compare.py ]; then
+    timeout 400 python3 benchmarks/compare.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+  fi
+fi
+exit $status

@@ -1,0 +1,39 @@
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh through the device tool)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cuda():
+    """The CUDA device; tests using it carry the ``cuda`` marker."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture
+def make():
+    """Build a CudaGraphModule for CPU tests, on a named backend, without the no-CUDA warning."""
+    from graphmodule import CudaGraphModule
+
+    def _make(module, *args, backend="simulate", **kwargs):
+        return CudaGraphModule(module, *args, backend=backend, **kwargs)
+
+    return _make
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)

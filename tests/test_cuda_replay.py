@@ -1,0 +1,195 @@
+"""Capture and replay on a real GPU: results, randomness, outputs, streams, no host sync."""
+
+import pytest
+import torch
+from torch import nn
+
+from graphmodule import CudaGraphModule, InputMismatchError, RequiresGradError
+
+pytestmark = pytest.mark.cuda
+
+
+def test_function_replays_match_eager(cuda):
+    fn = lambda x, y: (x * y + 1).sin()  # noqa: E731
+    g = CudaGraphModule(fn)
+    for _ in range(6):
+        x, y = torch.randn(64, device=cuda), torch.randn(64, device=cuda)
+        torch.testing.assert_close(g(x, y), fn(x, y))
+    stats = g.stats
+    assert (stats.warmup_calls, stats.captures, stats.replays) == (2, 1, 4)
+    assert g.state == "captured" and g.graph is not None
+
+
+def test_module_with_kwargs_and_nested_pytree(cuda):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, batch, *, scale):
+            return {"out": self.lin(batch["obs"][0]) * scale, "aux": [batch["obs"][1].sum()]}
+
+    net = Net().to(cuda)
+    g = CudaGraphModule(net, warmup=1)
+    with torch.no_grad():
+        for _ in range(5):
+            batch = {"obs": (torch.randn(3, 8, device=cuda), torch.randn(5, device=cuda))}
+            got, want = g(batch, scale=2.0), net(batch, scale=2.0)
+            torch.testing.assert_close(got["out"], want["out"])
+            torch.testing.assert_close(got["aux"][0], want["aux"][0])
+
+
+def test_kwargs_are_matched_by_name_not_position(cuda):
+    g = CudaGraphModule(lambda x, y: x - y, warmup=1)
+    a, b = torch.ones(4, device=cuda), torch.full((4,), 3.0, device=cuda)
+    for _ in range(3):
+        g(x=a, y=b)
+    torch.testing.assert_close(g(y=b, x=a), a - b)
+
+
+def test_randomness_is_redrawn_at_each_replay(cuda):
+    drop = nn.Dropout(0.5).train()
+    g = CudaGraphModule(lambda x: drop(x) + torch.randn_like(x), warmup=1)
+    x = torch.ones(4096, device=cuda)
+    outs = [g(x) for _ in range(5)]
+    assert g.stats.replays == 4
+    for a, b in zip(outs[1:], outs[2:]):
+        assert not torch.equal(a, b)
+    # dropout keeps about half
+    kept = (outs[-1].sub(torch.zeros_like(x)).abs() > 0).float().mean()
+    assert 0.2 < kept.item() <= 1.0
+
+
+def test_default_outputs_are_never_overwritten(cuda):
+    g = CudaGraphModule(lambda x: x * 2, warmup=1)
+    outs = [g(torch.full((3,), float(i), device=cuda)) for i in range(5)]
+    for i, out in enumerate(outs):
+        torch.testing.assert_close(out, torch.full((3,), 2.0 * i, device=cuda))
+
+
+def test_static_outputs_are_the_graph_buffers(cuda):
+    g = CudaGraphModule(lambda x: x * 2, warmup=1, outputs="static")
+    g(torch.ones(3, device=cuda))
+    first = g(torch.ones(3, device=cuda))
+    second = g(torch.full((3,), 5.0, device=cuda))
+    assert first is second
+    torch.testing.assert_close(first, torch.full((3,), 10.0, device=cuda))
+
+
+def test_replay_does_not_synchronise_with_the_host(cuda):
+    net = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).to(cuda)
+    g = CudaGraphModule(net)
+    x = torch.randn(2, 16, device=cuda)
+    with torch.no_grad():
+        for _ in range(3):
+            g(x)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(10):
+                out = g(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.testing.assert_close(out, net(x))
+
+
+def test_calls_on_a_side_stream_are_ordered_on_it(cuda):
+    g = CudaGraphModule(lambda x: (x @ x).relu().sum(0), warmup=1)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        results = []
+        for i in range(6):
+            x = torch.full((512, 512), float(i) / 512, device=cuda)  # produced on s
+            results.append(g(x))
+    s.synchronize()
+    for i, out in enumerate(results):
+        x = torch.full((512, 512), float(i) / 512, device=cuda)
+        torch.testing.assert_close(out, (x @ x).relu().sum(0))
+
+
+def test_in_place_writes_to_inputs_reach_the_caller(cuda):
+    def step(x, counter):
+        counter.add_(1)
+        return x * counter
+
+    g = CudaGraphModule(step, warmup=1)
+    counter = torch.zeros((), device=cuda)
+    for i in range(1, 6):
+        out = g(torch.ones(2, device=cuda), counter)
+        assert counter.item() == i
+        torch.testing.assert_close(out, torch.full((2,), float(i), device=cuda))
+
+
+def test_returned_input_keeps_its_identity(cuda):
+    g = CudaGraphModule(lambda x: (x, x + 1), warmup=1)
+    for _ in range(3):
+        x = torch.randn(3, device=cuda)
+        same, plus = g(x)
+        assert same is x
+        torch.testing.assert_close(plus, x + 1)
+
+
+def test_mismatches_raise_and_leave_the_wrapper_usable(cuda):
+    g = CudaGraphModule(lambda x, n: x * n, warmup=1)
+    x = torch.ones(4, device=cuda)
+    g(x, 3)
+    g(x, 3)
+    bad_calls = [
+        ((x.double(), 3), "dtype"),
+        ((torch.ones(5, device=cuda), 3), "shape"),
+        ((torch.ones(4), 3), "device"),
+        ((x, 4), "value"),
+    ]
+    for args, kind in bad_calls:
+        with pytest.raises(InputMismatchError) as info:
+            g(*args)
+        assert [m.kind for m in info.value.mismatches] == [kind]
+    with pytest.raises(RequiresGradError):
+        g(torch.ones(4, device=cuda, requires_grad=True), 3)
+    torch.testing.assert_close(g(x * 2, 3), x * 6)
+    assert g.stats.input_mismatches == 5
+
+
+def test_cpu_input_at_capture_is_refused_with_the_device(cuda):
+    g = CudaGraphModule(lambda x: x + 1, warmup=1)
+    g(torch.ones(2))  # warmup is eager: CPU works there
+    with pytest.raises(InputMismatchError, match=r"args\[0\]: expected device cuda:0, got cpu"):
+        g(torch.ones(2))
+
+
+def test_train_eval_switch_is_refused(cuda):
+    net = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).to(cuda)
+    g = CudaGraphModule(net, warmup=1)
+    x = torch.randn(2, 4, device=cuda)
+    with torch.no_grad():
+        g(x)
+        g(x)
+        net.eval()
+        with pytest.raises(InputMismatchError, match="expected mode train mode, got eval mode"):
+            g(x)
+        net.train()
+        g(x)
+
+
+def test_compiled_function(cuda):
+    @torch.compile
+    def fn(x):
+        return torch.nn.functional.gelu(x) * 3
+
+    g = CudaGraphModule(fn, warmup=3)
+    for _ in range(6):
+        x = torch.randn(128, device=cuda)
+        torch.testing.assert_close(g(x), torch.nn.functional.gelu(x) * 3)
+    assert g.stats.captures == 1
+
+
+def test_reset_recaptures(cuda):
+    g = CudaGraphModule(lambda x: x + 1, warmup=1)
+    for _ in range(3):
+        g(torch.ones(2, device=cuda))
+    g.reset()
+    assert g.state == "warmup"
+    for _ in range(3):
+        out = g(torch.ones(5, device=cuda))
+    torch.testing.assert_close(out, torch.full((5,), 2.0, device=cuda))
+    assert g.stats.captures == 2
