@@ -76,7 +76,7 @@ def test_cpu_to_gpu_copy_is_named(cuda):
     g(x)
     with pytest.raises(CaptureError) as info:
         g(x)
-    assert info.value.cause in ("cross-stream", "host-sync")
+    assert info.value.cause in ("cross-stream", "host-sync"), str(info.value)
     _healthy(cuda)
 
 
@@ -113,18 +113,45 @@ def test_reset_after_fix(cuda):
     assert g.state == "captured"
 
 
-def test_thread_local_capture_survives_another_threads_cuda_work(cuda):
-    def make_fn():
-        def fn(x):
-            worker = threading.Thread(target=lambda: torch.empty(1 << 20, pin_memory=True))
-            worker.start()
-            worker.join()
-            return x * 3
-        return fn
+def _fn_with_allocating_thread(errors):
+    sizes = iter(range(1, 100))
 
-    g = CudaGraphModule(make_fn(), warmup=1)
+    def fn(x):
+        # what a DataLoader pin-memory thread does while the graph captures: allocate
+        # (new sizes each call, so that no allocator cache can serve them)
+        size = (next(sizes) * 64) << 20
+
+        def work():
+            try:
+                torch.empty(size, dtype=torch.uint8, device=x.device)
+                torch.empty(size >> 4, dtype=torch.uint8, pin_memory=True)
+            except RuntimeError as exc:  # pragma: no cover - reported through `errors`
+                errors.append(exc)
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+        return x * 3
+
+    return fn
+
+
+def test_thread_local_capture_survives_another_threads_cuda_work(cuda):
+    errors = []
+    g = CudaGraphModule(_fn_with_allocating_thread(errors), warmup=1)
     x = torch.ones(4, device=cuda)
     for _ in range(3):
         out = g(x)
     torch.testing.assert_close(out, x * 3)
-    assert g.state == "captured"
+    assert g.state == "captured" and not errors
+
+
+def test_global_capture_mode_is_broken_by_the_same_work(cuda):
+    # the control for the test above: the thread's work really does break a global capture
+    errors = []
+    g = CudaGraphModule(_fn_with_allocating_thread(errors), warmup=1, capture_error_mode="global")
+    x = torch.ones(4, device=cuda)
+    g(x)
+    with pytest.raises(CaptureError):
+        g(x)
+    _healthy(cuda)
