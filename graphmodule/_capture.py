@@ -208,6 +208,13 @@ _CAUSES: tuple[tuple[tuple[str, ...], str, str], ...] = (
         "(torch.where instead of `if`), or move the synchronising line out of the wrapped function.",
     ),
     (
+        ("Cannot copy between CPU and CUDA", "unless the CPU tensor is pinned"),
+        "cpu-to-gpu-copy",
+        "a CPU tensor is copied to the GPU inside the function (torch.tensor(...) or .to('cuda') "
+        "of CPU data). The graph would bake that data in: create the tensor on the GPU outside "
+        "the function and pass it as an input.",
+    ),
+    (
         ("legacy stream depend on a capturing blocking stream", "cudaErrorStreamCaptureImplicit",
          "cudaErrorStreamCaptureIsolation", "cudaErrorStreamCaptureUnjoined", "cudaErrorStreamCaptureMerge"),
         "cross-stream",

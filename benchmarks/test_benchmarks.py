@@ -1,0 +1,48 @@
+"""pytest-benchmark suite: every workload under every variant, per-call time.
+
+On a GPU each round times ``CALLS`` back-to-back calls and one synchronisation
+(``compare.py`` divides by ``CALLS``). Without CUDA the suite runs in a short mode:
+the GPU-only variants are skipped and graphmodule runs its eager fallback, so the
+suite keeps working in CI without timing anything meaningful.
+"""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+from workloads import VARIANTS, WORKLOADS, run_context, variant
+
+HAS_CUDA = torch.cuda.is_available()
+CALLS = int(os.environ.get("GRAPHMODULE_BENCH_CALLS", "200" if HAS_CUDA else "2"))
+ROUNDS = int(os.environ.get("GRAPHMODULE_BENCH_ROUNDS", "15" if HAS_CUDA else "1"))
+GPU_ONLY = {"floor", "compile", "tensordict"}
+
+
+@pytest.mark.parametrize("variant_name", VARIANTS)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_bench(benchmark, workload, variant_name):
+    if not HAS_CUDA and variant_name in GPU_ONLY:
+        pytest.skip("GPU-only variant")
+    if not HAS_CUDA and workload in ("policy_b16384", "sac_update_b256"):
+        pytest.skip("too slow for the short CPU mode")
+    device = torch.device("cuda" if HAS_CUDA else "cpu")
+    case = WORKLOADS[workload](device)
+    with run_context(case), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no-CUDA fallback warnings; compile chatter
+        call = variant(variant_name, case)
+        if call is None:
+            pytest.skip("no floor for this workload (its floor is its plain twin's)")
+        for _ in range(case.warmup + 3):  # warmup, capture, first replays
+            call()
+        sync = torch.cuda.synchronize if HAS_CUDA else (lambda: None)
+        sync()
+
+        def many():
+            for _ in range(CALLS):
+                call()
+            sync()
+
+        benchmark.extra_info.update(calls=CALLS, workload=workload, variant=variant_name)
+        benchmark.pedantic(many, rounds=ROUNDS, iterations=1, warmup_rounds=1)
