@@ -17,7 +17,7 @@ import optree
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._tree import Layout, NestedKey, as_key, slot_ranges, unflatten
+from ._tree import Layout, NestedKey, leaf_keys, slot_ranges, unflatten
 
 __all__ = ["Effects", "OutputPlan", "StaticInputs"]
 
@@ -94,16 +94,12 @@ class Effects:
         for position, td in passed.items():
             original = inputs.tds[position]
             writes = []
-            for key in td.keys(include_nested=True, leaves_only=True):
-                key = as_key(key)
+            after_keys = leaf_keys(td)
+            for key in after_keys:
                 value = td.get(key)
                 if original.get(key, None) is not value:
                     writes.append((key, value.detach() if isinstance(value, Tensor) else value))
-            deletes = [
-                as_key(k)
-                for k in original.keys(include_nested=True, leaves_only=True)
-                if as_key(k) not in td.keys(include_nested=True, leaves_only=True)
-            ]
+            deletes = [k for k in leaf_keys(original) if k not in set(after_keys)]
             if writes:
                 self.td_writes[position] = writes
             if deletes:
@@ -117,15 +113,30 @@ class Effects:
                 torch._foreach_copy_([c for c, _ in pairs], [b for _, b in pairs])
         for position, writes in self.td_writes.items():
             td = caller_tds[position]
+            raw = type(td) is TensorDict and not td.is_locked
             for key, value in writes:
                 if clone and isinstance(value, (Tensor, TensorDictBase)):
                     value = value.clone()
-                td.set(key, value)
+                if not (raw and isinstance(value, Tensor) and _set_raw(td, key, value)):
+                    td.set(key, value)
         for position, deletes in self.td_deletes.items():
             td = caller_tds[position]
             for key in deletes:
                 if key in td.keys(include_nested=True):
                     td.del_(key)
+
+
+def _set_raw(td: TensorDict, key: NestedKey, value: Tensor) -> bool:
+    """``td.set(key, value)`` for a value known to fit (same shape, device and batch size as
+    at capture), straight into the nested dicts; ``False`` where a parent is missing."""
+    node = td._tensordict
+    try:
+        for part in key[:-1]:
+            node = node[part]._tensordict
+    except (KeyError, AttributeError):
+        return False
+    node[key[-1]] = value
+    return True
 
 
 # kinds of output leaves

@@ -59,7 +59,10 @@ class SimulatedRunner(EagerRunner):
 
     def capture(self, body: Callable[[], Any], owner: str) -> Any:
         start = time.perf_counter()
-        out = body()
+        try:
+            out = body()
+        except Exception as exc:  # as a real capture reports a failing function
+            raise diagnose(owner, exc) from exc
         self._body = body
         self._static = tensor_leaves(out)
         self.capture_seconds = time.perf_counter() - start

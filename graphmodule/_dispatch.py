@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from tensordict import TensorDictBase
 from tensordict.utils import unravel_key
 
-from ._tree import as_key
+from ._tree import as_key, leaf_keys
 
 __all__ = ["resolve_keys", "run_with_tensordict_out", "module_name"]
 
@@ -75,7 +75,7 @@ def run_with_tensordict_out(
     work = tensordict.copy()
     result = run(work, args, kwargs)
     if result is work:
-        for key in work.keys(include_nested=True, leaves_only=True):
+        for key in leaf_keys(work):
             value = work.get(key)
             if tensordict.get(key, None) is not value:
                 tensordict_out.set(key, value)

@@ -50,7 +50,7 @@ class Mismatch:
 
     def describe(self) -> str:
         if self.kind == "missing":
-            return f"{self.path}: missing (captured with {self.expected})"
+            return f"{self.path}: missing (expected {self.expected})"
         if self.kind == "extra":
             return f"{self.path}: not in the captured inputs (got {self.got})"
         return f"{self.path}: expected {self.kind} {self.expected}, got {self.got}"

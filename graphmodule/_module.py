@@ -15,6 +15,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import dispatch
 from torch import nn
 
@@ -24,7 +25,7 @@ from ._dispatch import in_keys_for_layout, module_name, resolve_keys, run_with_t
 from ._errors import CaptureError, GraphStateError, InputMismatchError, Mismatch
 from ._spec import InputSpec, refuse_requires_grad
 from ._stats import GraphStats
-from ._tree import Layout, tensor_leaves
+from ._tree import MISSING, Layout, tensor_leaves
 
 __all__ = ["CudaGraphModule"]
 
@@ -246,7 +247,9 @@ class CudaGraphModule:
 
     # -- calls -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._is_td:
+        if self._is_td and (kwargs or not args or not isinstance(args[0], TensorDictBase)):
+            # keyword calls and tensordict_out go through tensordict's dispatch; a
+            # TensorDict call is passed on unchanged by it, so it skips the wrapper
             return self._call_td(*args, **kwargs)
         return self._run(args, kwargs)
 
@@ -263,7 +266,7 @@ class CudaGraphModule:
         if captured is None:
             return self._run_uncaptured(args, kwargs)
         try:
-            leaves, tds = captured.spec.split((args, kwargs))
+            leaves, tds = captured.spec.split(args, kwargs)
             if captured.training is not None and self.module.training is not captured.training:
                 self._raise_mode(captured.training)
         except InputMismatchError:
@@ -286,7 +289,7 @@ class CudaGraphModule:
             ) from self._failure
         if self._eager_spec is not None:  # no CUDA, or a failed capture: checked, eager
             try:
-                self._eager_spec.split((args, kwargs))
+                self._eager_spec.split(args, kwargs)
                 if self._eager_training is not None and module.training is not self._eager_training:
                     self._raise_mode(self._eager_training)
             except InputMismatchError:
@@ -304,9 +307,9 @@ class CudaGraphModule:
     def _capture(self, args: tuple, kwargs: dict) -> Any:
         module, tree = self.module, (args, kwargs)
         layout, split = Layout.capture(tree, self._layout_keys)
-        if split is None:
+        if split is None:  # a TensorDict lacks some of the module's in_keys
             self._stats.input_mismatches += 1
-            raise InputMismatchError(self._owner, layout.diff(tree, self._arg_names), "called")
+            raise InputMismatchError(self._owner, self._missing_in_keys(layout, tree), "called")
         leaves, tds = split
         paths = layout.leaf_paths(self._arg_names)
         refuse_requires_grad(self._owner, leaves, paths)
@@ -374,6 +377,15 @@ class CudaGraphModule:
         ]
         if found:
             raise InputMismatchError(self._owner, found, "asked to capture on " + str(device))
+
+    def _missing_in_keys(self, layout: Layout, tree: Any) -> list[Mismatch]:
+        leaves, found = layout.loose_leaves(tree, self._arg_names)
+        paths = layout.leaf_paths(self._arg_names)
+        return found + [
+            Mismatch(path, "missing", "an entry (it is in the module's in_keys)", "nothing")
+            for leaf, path in zip(leaves, paths)
+            if leaf is MISSING
+        ]
 
     def _raise_mode(self, captured_training: bool) -> None:
         names = {True: "train mode", False: "eval mode"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import optree
 import torch
 
 from ._errors import InputMismatchError, Mismatch, RequiresGradError
@@ -26,6 +27,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
 __all__ = ["InputSpec", "refuse_requires_grad"]
 
 Tensor = torch.Tensor
+_NO_TDS: dict = {}
 
 
 def _facts(t: Tensor) -> tuple:
@@ -73,6 +75,13 @@ class InputSpec:
         self.facts = tuple(_facts(leaves[i]) for i in self.tensor_index)
         self.constants = tuple(leaves[i] for i in self.const_index)
         self.all_tensors = not self.const_index
+        # captured with positional tensors only (no containers, no kwargs): the fast path
+        flat_positional = optree.tree_structure((tuple(range(len(leaves))), {}))
+        self.n_positional_tensors = (
+            len(leaves)
+            if self.all_tensors and not layout.slots and layout.treespec == flat_positional
+            else -1
+        )
         self._guard = self._make_guard([leaves[i] for i in self.tensor_index])
 
     @staticmethod
@@ -89,12 +98,18 @@ class InputSpec:
         return None
 
     # -- the fast path ---------------------------------------------------------------
-    def split(self, tree: Any) -> tuple[list, dict]:
+    def split(self, args: tuple, kwargs: dict) -> tuple[Any, dict]:
         """The call's leaves and TensorDicts if they match the capture; else raise."""
-        split = self.layout.leaves(tree)
-        if split is not None and self.matches(split[0]):
-            return split
-        return self.raise_mismatch(tree, split)
+        if self.n_positional_tensors == len(args) and not kwargs:
+            # positional tensors only, as captured: the arguments are the leaves (no
+            # flatten); a non-tensor among them fails the tensor check below
+            if self.matches(args):
+                return args, _NO_TDS
+        else:
+            split = self.layout.leaves((args, kwargs))
+            if split is not None and self.matches(split[0]):
+                return split
+        return self.raise_mismatch((args, kwargs))
 
     def matches(self, leaves: list) -> bool:
         if self.all_tensors:
@@ -139,10 +154,10 @@ class InputSpec:
                 found.append(Mismatch(path, kind, describe(constants[i]), describe(leaf)))
         return found
 
-    def raise_mismatch(self, tree: Any, split: tuple | None = None) -> tuple[list, dict]:
+    def raise_mismatch(self, tree: Any) -> tuple[list, dict]:
         found = self.mismatches(tree)
         if not found:  # the fast check was stricter than the definition: a match
-            return split if split is not None else self.layout.leaves(tree)
+            return self.layout.leaves(tree)
         if all(m.kind == "requires_grad" for m in found):
             raise RequiresGradError(self.owner, found, "captured")
         raise InputMismatchError(self.owner, found)

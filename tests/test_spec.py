@@ -1,0 +1,142 @@
+"""Every replay is checked: structure, keys, shape, dtype, device, requires_grad, constants.
+
+Run with the eager backend (the CPU fallback), which applies the same checks as a GPU.
+"""
+
+import pytest
+import torch
+
+from graphmodule import InputMismatchError, Mismatch, RequiresGradError
+
+
+def _captured(make, fn, *args, **kwargs):
+    g = make(fn, warmup=1, backend="eager")
+    g(*args, **kwargs)
+    g(*args, **kwargs)  # the call that records the signature
+    assert g.state == "eager"
+    return g
+
+
+class TestTensorLeaves:
+    def test_dtype_mismatch_is_refused_with_the_exact_message(self, make):
+        g = _captured(make, lambda x, y: x + y, torch.zeros(3), torch.zeros(3))
+        with pytest.raises(InputMismatchError) as info:
+            g(torch.zeros(3), torch.zeros(3, dtype=torch.float64))
+        assert str(info.value) == (
+            "CudaGraphModule(<lambda>) was captured with other inputs than this call's (1 mismatch):\n"
+            "  args[1]: expected dtype torch.float32, got torch.float64\n"
+            "To fix: copying into the graph's buffer would cast silently: convert the input with "
+            ".to(dtype) before the call."
+        )
+        err = info.value
+        assert (err.path, err.expected, err.got) == ("args[1]", "torch.float32", "torch.float64")
+        assert err.mismatches == [Mismatch("args[1]", "dtype", "torch.float32", "torch.float64")]
+
+    def test_shape_mismatch_names_both_shapes(self, make):
+        g = _captured(make, lambda x: x * 2, torch.zeros(64, 17))
+        with pytest.raises(InputMismatchError, match=r"args\[0\]: expected shape \(64, 17\), got \(32, 17\)"):
+            g(torch.zeros(32, 17))
+
+    def test_broadcastable_shape_is_still_refused(self, make):
+        # copy_ would broadcast (1, 3) into (4, 3) without a word
+        g = _captured(make, lambda x: x * 2, torch.zeros(4, 3))
+        with pytest.raises(InputMismatchError, match="expected shape"):
+            g(torch.zeros(1, 3))
+
+    def test_all_mismatches_of_a_call_are_reported_together(self, make):
+        g = _captured(make, lambda x, y, n: x + y + n, torch.zeros(2), torch.zeros(2), 1)
+        with pytest.raises(InputMismatchError) as info:
+            g(torch.zeros(3, dtype=torch.int64), torch.zeros(2), 2)
+        assert [(m.path, m.kind) for m in info.value.mismatches] == [
+            ("args[0]", "shape"),
+            ("args[0]", "dtype"),
+            ("args[2]", "value"),
+        ]
+        text = str(info.value)
+        assert "(3 mismatches)" in text and text.count("To fix:") == 3
+
+    def test_non_contiguous_input_of_the_captured_shape_is_accepted(self, make):
+        g = _captured(make, lambda x: x + 1, torch.zeros(3, 4))
+        x = torch.arange(12.0).reshape(4, 3).t()
+        torch.testing.assert_close(g(x), x + 1)
+
+    def test_requires_grad_is_refused_with_advice(self, make):
+        g = make(lambda x: x * 2, backend="eager")
+        with pytest.raises(RequiresGradError) as info:
+            g(torch.zeros(2, requires_grad=True))
+        assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
+        assert "args[0]: expected requires_grad False, got True" in str(info.value)
+        assert "loss.backward(); optimizer.step()" in str(info.value)
+        assert g.stats.warmup_calls == 0  # refused before running
+
+
+class TestStructure:
+    def test_kwargs_are_matched_by_name(self, make):
+        g = _captured(make, lambda x, y: x - y, x=torch.ones(2), y=torch.zeros(2))
+        torch.testing.assert_close(g(y=torch.zeros(2), x=torch.ones(2)), torch.ones(2))
+
+    def test_renamed_kwarg_reports_missing_and_extra(self, make):
+        g = _captured(make, lambda **kw: sum(kw.values()), obs=torch.ones(2))
+        with pytest.raises(InputMismatchError) as info:
+            g(ob=torch.ones(2))
+        assert str(info.value).splitlines()[1:3] == [
+            "  kwargs['obs']: missing (expected a tensor of shape (2,), torch.float32 on cpu)",
+            "  kwargs['ob']: not in the captured inputs (got a tensor of shape (2,), torch.float32 on cpu)",
+        ]
+
+    def test_nested_containers_are_checked_by_path(self, make):
+        batch = {"obs": [torch.zeros(2), torch.zeros(3)], "extra": (torch.zeros(1),)}
+        g = _captured(make, lambda b: b["obs"][1].sum(), batch)
+        bad = {"obs": [torch.zeros(2), torch.zeros(4)], "extra": (torch.zeros(1),)}
+        with pytest.raises(InputMismatchError, match=r"args\[0\]\['obs'\]\[1\]: expected shape \(3,\), got \(4,\)"):
+            g(bad)
+
+    def test_list_for_tuple_is_a_structure_mismatch(self, make):
+        g = _captured(make, lambda xs: xs[0] + xs[1], (torch.zeros(2), torch.zeros(2)))
+        with pytest.raises(InputMismatchError) as info:
+            g([torch.zeros(2), torch.zeros(2)])
+        assert info.value.mismatches[0].kind == "structure"
+
+    def test_extra_positional_argument(self, make):
+        g = _captured(make, lambda *xs: sum(xs), torch.zeros(2))
+        with pytest.raises(InputMismatchError, match=r"args\[1\]: not in the captured inputs"):
+            g(torch.zeros(2), torch.zeros(2))
+
+    def test_tensor_where_a_constant_was_captured(self, make):
+        g = _captured(make, lambda x, n: x * n, torch.zeros(2), 3)
+        with pytest.raises(InputMismatchError) as info:
+            g(torch.zeros(2), torch.tensor(3.0))
+        assert info.value.mismatches[0].kind == "type"
+
+
+class TestConstants:
+    def test_changed_constant_is_refused(self, make):
+        g = _captured(make, lambda x, scale: x * scale, torch.ones(2), 0.5)
+        with pytest.raises(InputMismatchError) as info:
+            g(torch.ones(2), 0.7)
+        assert info.value.mismatches == [Mismatch("args[1]", "value", "0.5", "0.7")]
+        assert "pass a value that changes as a tensor" in str(info.value)
+
+    def test_int_and_bool_constants_are_not_confused(self, make):
+        g = _captured(make, lambda x, flag: x + flag, torch.ones(2), 1)
+        with pytest.raises(InputMismatchError):
+            g(torch.ones(2), True)
+
+    def test_equal_constant_passes(self, make):
+        g = _captured(make, lambda x, mode: x * (2 if mode == "double" else 1), torch.ones(2), "double")
+        torch.testing.assert_close(g(torch.ones(2), "double"), torch.full((2,), 2.0))
+
+    def test_none_is_part_of_the_structure(self, make):
+        g = _captured(make, lambda x, mask: x if mask is None else x * mask, torch.ones(2), None)
+        with pytest.raises(InputMismatchError):
+            g(torch.ones(2), torch.ones(2))
+
+
+class TestUsableAfterAnError:
+    def test_good_call_after_a_bad_one(self, make):
+        g = _captured(make, lambda x: x + 1, torch.zeros(2))
+        for bad in (torch.zeros(3), torch.zeros(2, dtype=torch.int32), [torch.zeros(2)]):
+            with pytest.raises(InputMismatchError):
+                g(bad)
+        torch.testing.assert_close(g(torch.ones(2)), torch.full((2,), 2.0))
+        assert g.stats.input_mismatches == 3
