@@ -1,0 +1,112 @@
+"""Capture failures: the cause is named, the capture is not retried, the wrapper recovers.
+
+On CPU the simulated backend reports a function that raises while it is captured the
+way a CUDA capture does; the CUDA-specific recovery is in test_cuda_capture_failures.py.
+"""
+
+import pytest
+import torch
+
+from graphmodule import CaptureError, GraphStateError
+
+
+def _failing(message):
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        if len(calls) > 1:  # fine eagerly, fails "under capture"
+            raise RuntimeError(message)
+        return x + 1
+
+    return fn, calls
+
+
+@pytest.mark.parametrize(
+    "message, cause",
+    [
+        ("CUDA error: operation not permitted when stream is capturing", "host-sync"),
+        ("Attempting CUDA graph capture of step() for an instance of Adam but param_groups' capturable is False.", "optimizer-not-capturable"),
+        ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned.", "cpu-to-gpu-copy"),
+        ("operation would make the legacy stream depend on a capturing blocking stream", "cross-stream"),
+        ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture", "rng-state"),
+        ("CUBLAS_STATUS_NOT_INITIALIZED when calling cublasCreate(handle)", "lazy-init"),
+        ("something else entirely", "error-in-function"),
+    ],
+)
+def test_cause_is_named(make, message, cause):
+    fn, _ = _failing(message)
+    g = make(fn, warmup=1)
+    g(torch.zeros(1))
+    with pytest.raises(CaptureError) as info:
+        g(torch.zeros(1))
+    err = info.value
+    assert err.cause == cause
+    assert isinstance(err.__cause__, RuntimeError) and str(err.__cause__) == message
+    assert str(err).startswith("CudaGraphModule(fn) failed to capture its CUDA graph at test_capture.py:")
+    assert f"Likely cause ({cause}): " in str(err)
+
+
+def test_where_points_at_the_users_line(make):
+    fn, _ = _failing("CUDA error: operation not permitted when stream is capturing")
+    g = make(fn, warmup=1)
+    g(torch.zeros(1))
+    with pytest.raises(CaptureError) as info:
+        g(torch.zeros(1))
+    assert info.value.where.startswith("test_capture.py:")
+    assert "raise RuntimeError(message)" in info.value.where
+
+
+def test_failed_capture_is_not_retried(make):
+    fn, calls = _failing("boom")
+    g = make(fn, warmup=1)
+    g(torch.zeros(1))
+    with pytest.raises(CaptureError):
+        g(torch.zeros(1))
+    n = len(calls)
+    with pytest.raises(GraphStateError) as info:
+        g(torch.zeros(1))
+    assert len(calls) == n
+    assert "does not retry" in str(info.value) and "reset()" in str(info.value)
+    assert isinstance(info.value.__cause__, CaptureError)
+    assert g.state == "failed" and g.stats.capture_failures == 1
+
+
+def _failing_once():
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        if len(calls) == 2:  # the capture: warmup=1 makes it the second run
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return x * 2
+
+    return fn, calls
+
+
+def test_reset_after_a_failure_captures_again(make):
+    fn, _ = _failing_once()
+    g = make(fn, warmup=1)
+    g(torch.ones(1))
+    with pytest.raises(CaptureError):
+        g(torch.ones(1))
+    g.reset()
+    assert g.state == "warmup"
+    for _ in range(3):
+        torch.testing.assert_close(g(torch.ones(1)), torch.full((1,), 2.0))
+    assert g.state == "captured" and g.stats.captures == 1 and g.stats.capture_failures == 1
+
+
+def test_eager_policy_warns_once_then_runs_eagerly_with_checks(make):
+    fn, calls = _failing_once()
+    g = make(fn, warmup=1, on_capture_failure="eager")
+    g(torch.ones(1))
+    with pytest.warns(UserWarning, match="runs eagerly from now on") as record:
+        out = g(torch.ones(1))
+    assert len(record) == 1 and "Likely cause (host-sync)" in str(record[0].message)
+    torch.testing.assert_close(out, torch.full((1,), 2.0))
+    for _ in range(3):
+        torch.testing.assert_close(g(torch.ones(1)), torch.full((1,), 2.0))
+    assert g.state == "eager" and g.stats.eager_calls == 4 and g.stats.capture_failures == 1
+    with pytest.raises(ValueError, match="expected shape"):
+        g(torch.ones(2))

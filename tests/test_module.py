@@ -1,0 +1,158 @@
+"""CudaGraphModule: construction, the state machine, the CPU fallback, introspection."""
+
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from graphmodule import CudaGraphModule, InputMismatchError
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+class TestConstruction:
+    @pytest.mark.parametrize("warmup", [0, -1, 1.5, "2", True])
+    def test_bad_warmup(self, warmup):
+        with pytest.raises(ValueError) as info:
+            CudaGraphModule(lambda x: x, warmup=warmup, backend="eager")
+        assert str(info.value) == f"warmup must be an int >= 1 (got {warmup!r})."
+
+    @pytest.mark.parametrize(
+        "option, value, allowed",
+        [
+            ("outputs", "copy", "'clone', 'static'"),
+            ("capture_error_mode", "local", "'thread_local', 'global', 'relaxed'"),
+            ("on_capture_failure", "ignore", "'raise', 'eager'"),
+            ("backend", "gpu", "'auto', 'cuda', 'simulate', 'eager'"),
+        ],
+    )
+    def test_bad_option(self, option, value, allowed):
+        options = {"backend": "eager", option: value}
+        with pytest.raises(ValueError) as info:
+            CudaGraphModule(lambda x: x, **options)
+        assert str(info.value) == f"{option} must be one of {allowed} (got {value!r})."
+
+    def test_module_must_be_callable(self):
+        with pytest.raises(TypeError, match=r"module must be callable \(got int\)\."):
+            CudaGraphModule(3)
+
+    @pytest.mark.skipif(not NO_CUDA, reason="checks the no-CUDA path")
+    def test_cuda_backend_without_cuda_is_refused(self):
+        with pytest.raises(RuntimeError, match="needs CUDA"):
+            CudaGraphModule(lambda x: x, backend="cuda")
+
+    def test_positional_signature_matches_tensordicts(self):
+        g = CudaGraphModule(lambda td: td, 3, ["x"], ["y"], None, backend="eager")
+        assert (g.warmup, g.in_keys, g.out_keys) == (3, ["x"], ["y"])
+
+    def test_bad_option_is_refused_before_anything_else(self):
+        with pytest.raises(ValueError, match="outputs must be one of"):
+            CudaGraphModule(lambda x: x, outputs="copy")  # no no-CUDA warning first
+
+    def test_repr_rebuilds_the_call(self):
+        def policy(x):
+            return x
+
+        g = CudaGraphModule(policy, warmup=3, backend="simulate", outputs="static")
+        assert repr(g) == (
+            f"CudaGraphModule({policy!r}, warmup=3, in_keys=None, out_keys=None, device=None, "
+            "outputs='static', backend='simulate')"
+        )
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the no-CUDA fallback")
+class TestWithoutCuda:
+    def test_warns_once_at_construction_and_runs_eagerly(self):
+        with pytest.warns(UserWarning, match="CUDA is not available, so calls run eagerly") as record:
+            g = CudaGraphModule(lambda x: x.sin() * 2)
+        assert len(record) == 1
+        x = torch.randn(5)
+        for _ in range(5):
+            torch.testing.assert_close(g(x), x.sin() * 2)  # no further warning (warnings are errors)
+        assert g.state == "eager" and g.stats.eager_calls == 3
+
+    def test_checks_inputs_as_a_gpu_would(self):
+        with pytest.warns(UserWarning):
+            g = CudaGraphModule(lambda x: x + 1)
+        for _ in range(3):
+            g(torch.zeros(2))
+        with pytest.raises(InputMismatchError, match="expected dtype torch.float32, got torch.float64"):
+            g(torch.zeros(2, dtype=torch.float64))
+
+
+class TestStateMachine:
+    def test_warmup_then_capture_then_replay(self, make):
+        g = make(lambda x: x + 1, warmup=2)
+        states = []
+        for _ in range(4):
+            g(torch.zeros(1))
+            states.append(g.state)
+        assert states == ["warmup", "warmup", "captured", "captured"]
+        s = g.stats
+        assert (s.warmup_calls, s.captures, s.replays, s.eager_calls) == (2, 1, 2, 0)
+
+    def test_function_runs_once_per_call(self, make):
+        calls = []
+
+        def fn(x):
+            calls.append(1)
+            return x
+
+        g = make(fn, warmup=2)
+        for _ in range(5):
+            g(torch.zeros(1))
+        assert len(calls) == 5  # warmup twice, capture once, each replay once (simulated)
+
+    def test_reset_goes_back_to_warmup(self, make):
+        g = make(lambda x: x * 2, warmup=1)
+        for _ in range(3):
+            g(torch.zeros(2))
+        g.reset()
+        assert g.state == "warmup"
+        for _ in range(3):
+            out = g(torch.ones(5))
+        torch.testing.assert_close(out, torch.full((5,), 2.0))
+        assert g.stats.captures == 2
+
+    def test_train_eval_switch_after_capture_is_refused(self, make):
+        net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
+        g = make(net, warmup=1)
+        with torch.no_grad():
+            g(torch.zeros(1, 2))
+            g(torch.zeros(1, 2))
+            net.eval()
+            with pytest.raises(InputMismatchError) as info:
+                g(torch.zeros(1, 2))
+        assert info.value.mismatches[0].describe() == "module.training: expected mode train mode, got eval mode"
+
+
+class TestIntrospection:
+    def test_explain_lists_the_captured_signature(self, make):
+        g = make(lambda x, scale: x * scale, warmup=1)
+        g(torch.zeros(2, 3), scale=2.0)
+        g(torch.zeros(2, 3), scale=2.0)
+        text = g.explain()
+        assert text.splitlines()[0].startswith("CudaGraphModule(<lambda>): state captured, GraphStats(")
+        assert "  args[0]: a tensor of shape (2, 3), torch.float32 on cpu" in text
+        assert "  kwargs['scale']: constant 2.0" in text
+
+    def test_stats_are_a_snapshot(self, make):
+        g = make(lambda x: x, warmup=1)
+        before = g.stats
+        g(torch.zeros(1))
+        assert before.warmup_calls == 0 and g.stats.warmup_calls == 1
+
+    def test_state_dict_passes_through(self, make):
+        net = nn.Linear(2, 3)
+        g = make(net)
+        assert g.state_dict().keys() == net.state_dict().keys()
+        other = nn.Linear(2, 3)
+        g.load_state_dict(other.state_dict())
+        torch.testing.assert_close(net.weight, other.weight)
+
+    def test_state_dict_of_a_function_is_empty(self, make):
+        assert make(lambda x: x).state_dict() == {}
+
+    def test_tensordict_module_state_dict(self, make):
+        module = TensorDictModule(nn.Linear(2, 2), in_keys=["x"], out_keys=["y"])
+        assert set(make(module).state_dict()) == {"module.weight", "module.bias"}
