@@ -11,6 +11,7 @@ the caller's own objects where the function returned one of its inputs.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import optree
@@ -56,7 +57,7 @@ class StaticInputs:
         else:
             sources = [leaves[i] for i in self.tensor_index]
         dests = self.tensors
-        if any(map(_is, sources, dests)):  # producers may write into the buffers directly
+        if any(map(operator.is_, sources, dests)):  # producers may write into the buffers directly
             pairs = [(d, s) for d, s in zip(dests, sources) if d is not s]
             if not pairs:
                 return
@@ -65,10 +66,6 @@ class StaticInputs:
 
     def versions(self) -> list[int]:
         return [t._version for t in self.tensors]
-
-
-def _is(a: Any, b: Any) -> bool:
-    return a is b
 
 
 class Effects:

@@ -19,12 +19,11 @@ fi
   date -u +"date: %Y-%m-%dT%H:%MZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
   python3 -c "import sys, torch, tensordict, optree; print('python:', sys.version.split()[0]); print('torch:', torch.__version__, 'cuda', torch.version.cuda); print('tensordict:', tensordict.__version__); print('optree:', optree.__version__)"
-} | tee "$OUT/env.txt"
+} | tee "$OUT/summary.txt"
 
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   : > "$OUT/tests.log"
-  : > "$OUT/summary.txt"
   for f in tests/test_*.py; do
     # One process per file: a capture that breaks CUDA state stays inside its file, and a
     # crash shows as that file's failure instead of hiding the others' results.
@@ -45,9 +44,11 @@ for line in open(sys.argv[1]):
 print("TOTAL:", ", ".join(f"{v} {k}" for k, v in sorted(tot.items())))
 PY
 fi
+if [ "$what" = profile ] || [ "$what" = all ]; then
+  timeout 200 python3 benchmarks/profile_hot_path.py --calls 2000 > "$OUT/profile.txt" 2>&1
+  grep -E "^==|wall" "$OUT/profile.txt"
+fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  if [ -f benchmarks/compare.py ]; then
-    timeout 400 python3 benchmarks/compare.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -n 40
-  fi
+  timeout 400 python3 benchmarks/compare.py --out "$OUT" 2>&1 | grep -v "^test_bench\[" | tail -n 14
 fi
 exit $status
