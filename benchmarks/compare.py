@@ -23,7 +23,7 @@ FLOOR_OF = {"policy_td_b1": "policy_b1", "nested_td_12leaves_b64": None, "many_l
 def run_suite(out: str, expr: str | None) -> str:
     raw = os.path.join(out, "bench.json")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(HERE, "test_benchmarks.py"),
-           f"--benchmark-json={raw}", "--benchmark-columns=median", "-W", "ignore"]
+           "--benchmark-enable", f"--benchmark-json={raw}", "--benchmark-columns=median", "-W", "ignore"]
     if expr:
         cmd += ["-k", expr]
     subprocess.run(cmd, check=False)
