@@ -16,7 +16,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-VARIANTS = ("eager", "floor", "tensordict", "compile", "graphmodule", "graphmodule_static")
+from workloads import VARIANTS  # noqa: E402
 FLOOR_OF = {"policy_td_b1": "policy_b1", "nested_td_12leaves_b64": None, "many_leaves_td_64": None}
 
 
@@ -41,15 +41,18 @@ def per_call(raw: str) -> dict[str, dict[str, float]]:
 
 def render(table: dict[str, dict[str, float]]) -> tuple[str, dict]:
     results = {}
-    header = "| workload | " + " | ".join(VARIANTS) + " | gm/floor | gm_static/floor | gm/tensordict |"
-    lines = [header, "|" + "---|" * (len(VARIANTS) + 4)]
+    header = ("| workload | " + " | ".join(VARIANTS)
+              + " | gm/floor | gm/floor_clone | gm_static/floor | gm/tensordict |")
+    lines = [header, "|" + "---|" * (len(VARIANTS) + 5)]
     for workload, row in table.items():
         floor_key = FLOOR_OF.get(workload, workload)
         floor = table.get(floor_key, {}).get("floor") if floor_key else None
+        floor_clone = table.get(floor_key, {}).get("floor_clone") if floor_key else None
         cells = [f"{row[v]:.1f}" if v in row else "—" for v in VARIANTS]
         gm, gms, td = row.get("graphmodule"), row.get("graphmodule_static"), row.get("tensordict")
         ratios = {
             "gm/floor": gm / floor if gm and floor else None,
+            "gm/floor_clone": gm / floor_clone if gm and floor_clone else None,
             "gm_static/floor": gms / floor if gms and floor else None,
             "gm/tensordict": gm / td if gm and td else None,
         }

@@ -17,7 +17,7 @@ from workloads import VARIANTS, WORKLOADS, run_context, variant
 HAS_CUDA = torch.cuda.is_available()
 CALLS = int(os.environ.get("GRAPHMODULE_BENCH_CALLS", "200" if HAS_CUDA else "2"))
 ROUNDS = int(os.environ.get("GRAPHMODULE_BENCH_ROUNDS", "15" if HAS_CUDA else "1"))
-GPU_ONLY = {"floor", "compile", "tensordict"}
+GPU_ONLY = {"floor", "floor_clone", "compile", "tensordict"}
 
 
 @pytest.mark.parametrize("variant_name", VARIANTS)

@@ -149,8 +149,12 @@ WORKLOADS: dict[str, Callable[[torch.device], Case]] = {
 
 
 # -- variants ------------------------------------------------------------------------------
-def hand_floor(case: Case) -> Callable[[], Any] | None:
-    """The hand-written copy+replay loop: static buffers, one graph, no checks, no clone."""
+def hand_floor(case: Case, clone: bool = False) -> Callable[[], Any] | None:
+    """The hand-written copy+replay loop: static buffers, one graph, no checks.
+
+    ``clone=True`` also clones the outputs: the floor for any wrapper whose outputs
+    survive the next call.
+    """
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     leaves, spec = tree_flatten((case.args, case.kwargs))
@@ -168,13 +172,19 @@ def hand_floor(case: Case) -> Callable[[], Any] | None:
     with torch.cuda.graph(graph):
         out = case.fn(*s_args, **s_kwargs)
     srcs = leaves
+    outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
 
     def call():
         torch._foreach_copy_(static, srcs)
         graph.replay()
         return out
 
-    return call
+    def call_clone():
+        torch._foreach_copy_(static, srcs)
+        graph.replay()
+        return [o.clone() for o in outs]
+
+    return call_clone if clone else call
 
 
 def variant(name: str, case: Case) -> Callable[[], Any] | None:
@@ -183,6 +193,8 @@ def variant(name: str, case: Case) -> Callable[[], Any] | None:
         return lambda: case.fn(*args, **kwargs)
     if name == "floor":
         return hand_floor(case)
+    if name == "floor_clone":
+        return hand_floor(case, clone=True)
     if name == "tensordict":
         from tensordict.nn import CudaGraphModule as TDCudaGraphModule
 
@@ -204,7 +216,7 @@ def variant(name: str, case: Case) -> Callable[[], Any] | None:
     return lambda: g(*args, **kwargs)
 
 
-VARIANTS = ("eager", "floor", "tensordict", "compile", "graphmodule", "graphmodule_static")
+VARIANTS = ("eager", "floor", "floor_clone", "tensordict", "compile", "graphmodule", "graphmodule_static")
 
 
 def run_context(case: Case):
