@@ -166,9 +166,16 @@ class OutputPlan:
         # the common case: every output is a buffer to hand back
         self.all_buffers = len(self.static) == len(self.plan)
         self.single = self.all_buffers and len(self.plan) == 1 and self.treespec.num_nodes == 1
+        # the function returned its input TensorDict, and nothing else
+        self.lone_input_td = (
+            self.plan[0][1] if len(self.plan) == 1 and self.plan[0][0] == _INPUT_TD
+            and self.treespec.num_nodes == 1 else None
+        )
 
     def build(self, leaves: list, caller_tds: dict[int, TensorDictBase]) -> Any:
         clone = self.clone
+        if self.lone_input_td is not None:
+            return caller_tds[self.lone_input_td]
         if self.single:
             value = self.static[0]
             return value.clone() if clone else value

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import optree
 import torch
+from tensordict import TensorDictBase
 
 from ._errors import InputMismatchError, Mismatch, RequiresGradError
 from ._tree import MISSING, Layout, describe
@@ -82,6 +83,13 @@ class InputSpec:
             if self.all_tensors and not layout.slots and layout.treespec == flat_positional
             else -1
         )
+        # captured with one TensorDict as the only argument (a TensorDict module's call)
+        self.lone_slot = (
+            layout.slots[0]
+            if self.all_tensors and len(layout.slots) == 1
+            and layout.treespec == optree.tree_structure(((0,), {}))
+            else None
+        )
         self._guard = self._make_guard([leaves[i] for i in self.tensor_index])
 
     @staticmethod
@@ -105,6 +113,12 @@ class InputSpec:
             # flatten); a non-tensor among them fails the tensor check below
             if self.matches(args):
                 return args, _NO_TDS
+        elif self.lone_slot is not None and len(args) == 1 and not kwargs:
+            # one TensorDict, as captured: read its leaves without flattening the call
+            td = args[0]
+            leaves = self.lone_slot.read(td) if isinstance(td, TensorDictBase) else None
+            if leaves is not None and self.matches(leaves):
+                return leaves, {0: td}
         else:
             split = self.layout.leaves((args, kwargs))
             if split is not None and self.matches(split[0]):
