@@ -26,26 +26,17 @@ from workloads import WORKLOADS  # noqa: E402
 from graphmodule import CudaGraphModule  # noqa: E402
 
 
-def per_call(fn, calls, repeats=7):
+def per_call(fn, calls, repeats=7, wait=True):
+    """Median microseconds per call; ``wait=False``: host time only (stop the clock before
+    waiting for the GPU), the launch cost."""
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(times)
-
-
-def cpu_only(fn, calls, repeats=7):
-    """Host time per call, without waiting for the GPU (launch cost)."""
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
+        if wait:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(times)
@@ -91,7 +82,7 @@ def main():
                 rows.append((f"graphmodule {mode}", lambda g=g: g(*case.args)))
             for label, fn in rows:
                 fn()
-                print(f"  {label:34s} wall {per_call(fn, n):7.2f} us   host {cpu_only(fn, n):7.2f} us")
+                print(f"  {label:34s} wall {per_call(fn, n):7.2f} us   host {per_call(fn, n, wait=False):7.2f} us")
             g = CudaGraphModule(case.fn, warmup=2)
             for _ in range(4):
                 g(*case.args)
