@@ -367,15 +367,6 @@ def slot_ranges(layout: Layout) -> dict[int, range]:
     return ranges
 
 
-def dense_copy(td: TensorDictBase, keys: Sequence[NestedKey]) -> TensorDict:
-    """A dense TensorDict holding clones of ``td``'s leaves at ``keys``."""
-    out = TensorDict(batch_size=td.batch_size, device=td.device)
-    for key in keys:
-        value = td.get(key)
-        out.set(key, value.clone() if isinstance(value, torch.Tensor) else value)
-    return out
-
-
 def tensor_leaves(tree: Any) -> list[torch.Tensor]:
     """Every tensor in ``tree``, TensorDicts expanded by sorted key, in a fixed order."""
     out: list[torch.Tensor] = []
