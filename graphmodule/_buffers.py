@@ -18,7 +18,7 @@ import optree
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._tree import Layout, NestedKey, leaf_keys, slot_ranges, unflatten
+from ._tree import Layout, NestedKey, leaf_keys, raw_node, slot_ranges, unflatten
 
 __all__ = ["Effects", "OutputPlan", "StaticInputs"]
 
@@ -96,7 +96,8 @@ class Effects:
                 value = td.get(key)
                 if original.get(key, None) is not value:
                     writes.append((key, value.detach() if isinstance(value, Tensor) else value))
-            deletes = [k for k in leaf_keys(original) if k not in set(after_keys)]
+            kept = set(after_keys)
+            deletes = [k for k in leaf_keys(original) if k not in kept]
             if writes:
                 self.td_writes[position] = writes
             if deletes:
@@ -126,10 +127,8 @@ class Effects:
 def _set_raw(td: TensorDict, key: NestedKey, value: Tensor) -> bool:
     """``td.set(key, value)`` for a value known to fit (same shape, device and batch size as
     at capture), straight into the nested dicts; ``False`` where a parent is missing."""
-    node = td._tensordict
     try:
-        for part in key[:-1]:
-            node = node[part]._tensordict
+        node = raw_node(td, key[:-1])
     except (KeyError, AttributeError):
         return False
     node[key[-1]] = value

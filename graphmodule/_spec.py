@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 
 from ._errors import InputMismatchError, Mismatch, RequiresGradError
-from ._tree import MISSING, Layout, describe
+from ._tree import MISSING, NO_TDS, Layout, describe
 
 try:  # dynamo's C++ tensor check; optional, the Python comparison is the reference
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -28,7 +28,6 @@ except ImportError:  # pragma: no cover - depends on the torch build
 __all__ = ["InputSpec", "refuse_requires_grad"]
 
 Tensor = torch.Tensor
-_NO_TDS: dict = {}
 
 
 def _facts(t: Tensor) -> tuple:
@@ -112,7 +111,7 @@ class InputSpec:
             # positional tensors only, as captured: the arguments are the leaves (no
             # flatten); a non-tensor among them fails the tensor check below
             if self.matches(args):
-                return args, _NO_TDS
+                return args, NO_TDS
         elif self.lone_slot is not None and len(args) == 1 and not kwargs:
             # one TensorDict, as captured: read its leaves without flattening the call
             td = args[0]

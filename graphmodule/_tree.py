@@ -89,6 +89,18 @@ def _read_slow(td: TensorDictBase, key: NestedKey) -> Any:
     return value
 
 
+def raw_node(td: TensorDict, path: tuple) -> dict:
+    """The ``_tensordict`` dict of the nested TensorDict at ``path`` (``()``: ``td``'s own).
+
+    Raises ``KeyError`` or ``AttributeError`` where the path does not lead to a dense
+    TensorDict; callers take the general path then.
+    """
+    node = td._tensordict
+    for part in path:
+        node = node[part]._tensordict
+    return node
+
+
 class _FastReader:
     """Reads a dense TensorDict's leaves straight from its nested ``_tensordict`` dicts.
 
@@ -112,21 +124,15 @@ class _FastReader:
 
     def read(self, td: TensorDict) -> list | None:
         try:
-            root = td._tensordict
             out: list = []
             for parent, getter, single in self.groups:
-                node = root
-                for part in parent:
-                    node = node[part]._tensordict
+                node = raw_node(td, parent)
                 if single:
                     out.append(getter(node))
                 else:
                     out += getter(node)
             for parent, names in self.exact_nodes:
-                node = root
-                for part in parent:
-                    node = node[part]._tensordict
-                if node.keys() != names:
+                if raw_node(td, parent).keys() != names:
                     return None
             return out
         except (KeyError, AttributeError):
@@ -236,7 +242,7 @@ class Layout:
         if treespec != self.treespec:
             return None
         if not self.slots:
-            return outer, _NO_TDS
+            return outer, NO_TDS
         flat: list = []
         tds: dict[int, TensorDictBase] = {}
         start = 0
@@ -304,7 +310,7 @@ class Layout:
         return found
 
 
-_NO_TDS: dict = {}
+NO_TDS: dict = {}  # a call without TensorDicts (shared, never written)
 
 
 def _spec_text(treespec: Any) -> str:
