@@ -6,11 +6,21 @@
 Modules, one concept each:
 
 - ``_module``: ``CudaGraphModule``, the state machine (warmup → capture → replay).
-- ``_tree``: flattening inputs (optree for containers, TensorDicts by key).
-- ``_spec``: ``InputSpec``, the captured signature and the per-call check.
-- ``_buffers``: static input buffers, effects on inputs, outputs.
+- ``_options``: its options (a frozen dataclass) and state (an enum).
+- ``_entry``: one captured graph as one value, and the replay path every call takes.
+- ``_record``: capturing a call, from its arguments to an entry (the cold path).
+- ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
+- ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.
+- ``_explain``: what differs when a call does not match: cold.
+- ``_inputs``: static input buffers, aliased as the caller's inputs were.
+- ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
+- ``_outputs``: how the graph's buffers become the call's result.
+- ``_stale``: what the graph reads from outside its inputs, checked each call.
+- ``_mode``: grad mode, train/eval, interaction type: part of the signature.
 - ``_capture``: the only module that touches CUDA graphs (and its CPU stand-ins).
-- ``_dispatch``: TensorDict keys and calling conventions.
+- ``_diagnose``: the likely cause of a failed capture.
+- ``_dispatch``: TensorDict keys, calling conventions, keyword order.
+- ``_paths``: names of places in a call, for messages.
 - ``_errors``, ``_stats``: what users catch and read.
 """
 
@@ -20,9 +30,13 @@ from ._errors import (
     GraphStateError,
     InputMismatchError,
     Mismatch,
+    MissingKeyError,
     RequiresGradError,
+    StaleGraphError,
+    UnsupportedError,
 )
 from ._module import CudaGraphModule
+from ._options import Options, State
 from ._stats import GraphStats
 
 __version__ = "0.1.0"
@@ -35,6 +49,11 @@ __all__ = [
     "GraphStats",
     "InputMismatchError",
     "Mismatch",
+    "MissingKeyError",
+    "Options",
     "RequiresGradError",
+    "StaleGraphError",
+    "State",
+    "UnsupportedError",
     "__version__",
 ]

@@ -1,24 +1,24 @@
-"""TensorDict modules: their keys, and the ways they can be called.
+"""TensorDict modules and keyword arguments: keys, calling conventions, argument order.
 
 A TensorDict module (anything with ``in_keys``, or a function given ``in_keys``) is
 called with a TensorDict, with keyword arguments named after its ``in_keys``
-(``g(obs=x)``, through tensordict's own :func:`~tensordict.nn.dispatch`), or with
-``tensordict_out=`` to receive the outputs in another TensorDict. Each form ends
-in the same captured function, ``module(tensordict, *args, **kwargs)``, whose
-TensorDict is read by key: its ``in_keys`` must be present, other keys are ignored.
+(``g(obs=x)``, through tensordict's own :func:`~tensordict.nn.dispatch`), and
+optionally with ``tensordict_out=``, which is passed on to the module as
+tensordict's wrapper does. The TensorDict is read by key: the module's ``in_keys``
+must be there, other keys are ignored; ``tensordict_out`` is written, not read.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from tensordict import TensorDictBase
 from tensordict.utils import unravel_key
 
-from ._tree import as_key, leaf_keys
+from ._paths import NestedKey, as_key
 
-__all__ = ["resolve_keys", "run_with_tensordict_out", "module_name"]
+__all__ = ["resolve_keys", "module_name", "by_key_paths", "binds_kwargs_by_name"]
 
 
 def _normalise(keys: Any) -> list | None:
@@ -29,7 +29,7 @@ def _normalise(keys: Any) -> list | None:
     return [unravel_key(k) for k in keys]
 
 
-def resolve_keys(module: Any, in_keys: Any, out_keys: Any) -> tuple[list | None, list | None]:
+def resolve_keys(module: Any, in_keys: Any, out_keys: Any, stacklevel: int) -> tuple[list | None, list | None]:
     """The ``in_keys``/``out_keys`` to use, as tensordict's wrapper picks them.
 
     The module's own keys win; explicit keys that differ are ignored with a warning.
@@ -39,14 +39,13 @@ def resolve_keys(module: Any, in_keys: Any, out_keys: Any) -> tuple[list | None,
     for name, given in (("in_keys", in_keys), ("out_keys", out_keys)):
         own = getattr(module, name, None)
         if own is not None:
-            own_list = _normalise(own)
             given_list = _normalise(given)
-            if given_list and given_list != own_list:
+            if given_list and given_list != _normalise(own):
                 warnings.warn(
                     f"CudaGraphModule ignores {name}={given!r}: the module has its own "
                     f"{name}={own!r}, which it uses. Leave {name} unset to silence this warning.",
                     UserWarning,
-                    stacklevel=4,
+                    stacklevel=stacklevel,
                 )
             chosen[name] = own
         else:
@@ -60,34 +59,33 @@ def module_name(module: Any) -> str:
     """A short name for messages: the function's or the class's name."""
     inner = getattr(module, "_orig_mod", None) or getattr(module, "_torchdynamo_orig_callable", None)
     target = inner if inner is not None else module
-    name = getattr(target, "__name__", None) or type(target).__name__
-    return name
+    return getattr(target, "__name__", None) or type(target).__name__
 
 
-def run_with_tensordict_out(
-    run: Callable[..., Any], tensordict: TensorDictBase, tensordict_out: TensorDictBase, args, kwargs
-) -> TensorDictBase:
-    """Run with the outputs going to ``tensordict_out``; ``tensordict`` is left unchanged.
+def by_key_paths(in_keys: list | None, with_out: bool) -> dict[tuple, list[NestedKey] | None]:
+    """The TensorDicts of a TensorDict module's call that are read by key, by optree path.
 
-    The function runs on a shallow copy of ``tensordict``; the entries it wrote there
-    (new keys, or keys bound to new tensors) are set in ``tensordict_out``.
+    The input TensorDict (the first argument) reads the module's ``in_keys`` (``None``
+    for ``in_keys=[]``: the keys it has at capture); ``tensordict_out`` reads nothing.
     """
-    work = tensordict.copy()
-    result = run(work, args, kwargs)
-    if result is work:
-        for key in leaf_keys(work):
-            value = work.get(key)
-            if tensordict.get(key, None) is not value:
-                tensordict_out.set(key, value)
-    elif isinstance(result, TensorDictBase):
-        tensordict_out.update(result)
-    else:
-        return result
-    return tensordict_out
+    if in_keys is None:
+        return {}
+    keys = [as_key(unravel_key(k)) for k in in_keys] if in_keys else None
+    paths: dict[tuple, list[NestedKey] | None] = {(0, 0): keys}
+    if with_out:
+        paths[(1, "tensordict_out")] = []
+    return paths
 
 
-def in_keys_for_layout(in_keys: Sequence[Any] | None) -> list | None:
-    """The keys a TensorDict module reads (``None``: every key it had at capture)."""
-    if not in_keys:
-        return None
-    return [as_key(unravel_key(k)) for k in in_keys]
+def binds_kwargs_by_name(module: Any) -> bool:
+    """Whether keyword arguments reach ``module`` by name only (no ``**kwargs``).
+
+    Then their order cannot matter to it, and calls are compared with their keywords
+    sorted. A function taking ``**kwargs`` may iterate them: order is kept.
+    """
+    target = getattr(module, "forward", module) if not inspect.isfunction(module) else module
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

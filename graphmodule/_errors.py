@@ -4,11 +4,14 @@ Hierarchy::
 
     Exception
      ├── ValueError
-     │    └── InputMismatchError          a call's inputs differ from what was captured
-     │         └── RequiresGradError      an input requires grad (also a RuntimeError)
+     │    ├── InputMismatchError          a call's inputs differ from what was captured
+     │    │    ├── RequiresGradError      an input requires grad (also a RuntimeError)
+     │    │    └── MissingKeyError        a TensorDict lacks a key the graph reads (also a KeyError)
+     │    └── UnsupportedError            the call does something a replay cannot reproduce
      └── RuntimeError
           ├── CaptureError                capturing the CUDA graph failed; names the likely cause
-          └── GraphStateError             the wrapper cannot run in its current state
+          ├── GraphStateError             the wrapper cannot run in its current state
+          └── StaleGraphError             something the graph reads by address was replaced
 
 Every message says what was expected, what was got, where (a key path such as
 ``kwargs['obs']`` or ``tensordict['agent', 'obs']``) and what to do. The same facts are
@@ -26,7 +29,10 @@ __all__ = [
     "GraphStateError",
     "InputMismatchError",
     "Mismatch",
+    "MissingKeyError",
     "RequiresGradError",
+    "StaleGraphError",
+    "UnsupportedError",
 ]
 
 
@@ -38,9 +44,10 @@ class GraphModuleError(Exception):
 class Mismatch:
     """One difference between a call's inputs and the captured ones.
 
-    ``kind`` is one of ``"structure"``, ``"missing"``, ``"extra"``, ``"type"``,
-    ``"shape"``, ``"dtype"``, ``"device"``, ``"requires_grad"``, ``"value"``,
-    ``"batch_size"`` or ``"mode"``.
+    ``kind`` is one of ``"structure"``, ``"order"``, ``"missing"``, ``"extra"``,
+    ``"type"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"layout"``,
+    ``"requires_grad"``, ``"value"``, ``"batch_size"``, ``"alias"``, ``"stride"``,
+    ``"mode"``, ``"grad_mode"`` or ``"interaction_type"``.
     """
 
     path: str
@@ -75,8 +82,22 @@ _ADVICE = {
     "extra": "pass the same containers, keys and number of arguments as at capture "
     "(keyword arguments are matched by name).",
     "type": "pass the same kinds of values as at capture (a tensor where a tensor was captured).",
-    "mode": "the graph replays the branch it captured: switch back, or use one "
-    "CudaGraphModule per mode.",
+    "mode": "the graph replays the branch it captured: switch back, pass max_graphs=2 to keep "
+    "one graph per mode, or use one CudaGraphModule per mode.",
+    "grad_mode": "the graph was captured under another grad mode, which decides whether its "
+    "outputs track gradients: call it the same way (e.g. always under torch.no_grad()), or pass "
+    "max_graphs=2 to keep one graph per mode.",
+    "interaction_type": "the graph replays the sampling branch it captured: call it under the "
+    "captured interaction/exploration type, or pass max_graphs=2 to keep one graph per type.",
+    "order": "the graph replays the order it captured (a function iterating a dict or "
+    "TensorDict sees it): pass the entries in the captured order.",
+    "layout": "CUDA graphs copy strided tensors only: pass a dense tensor (.to_dense()), or its "
+    "indices and values as separate fixed-size tensors.",
+    "alias": "the graph was captured with other aliasing between its inputs (the same tensor "
+    "passed twice, or views of one tensor) and writes into them: pass separate tensors as at "
+    "capture (x.clone()), or the same aliasing.",
+    "stride": "the function returns a view of this input, which the replay rebuilds on your "
+    "tensor with the captured strides: pass a tensor of the captured layout (.contiguous()).",
     "requires_grad": "replays cannot backpropagate to the caller's tensors: pass x.detach(), "
     "or train inside the wrapped function (loss.backward(); optimizer.step()) and read the "
     "parameters from the module instead of passing them.",
@@ -125,6 +146,57 @@ class RequiresGradError(InputMismatchError, RuntimeError):
 
     def __init__(self, owner: str, mismatches: list[Mismatch], when: str = "called") -> None:
         InputMismatchError.__init__(self, owner, mismatches, when)
+
+
+class MissingKeyError(InputMismatchError, KeyError):
+    """A TensorDict lacks a key the captured graph reads.
+
+    Also a ``KeyError``, which is what ``tensordict.nn.CudaGraphModule`` raises here.
+    """
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return self.args[0] if self.args else ""
+
+
+class UnsupportedError(GraphModuleError, ValueError):
+    """The call does something a graph replay cannot reproduce, found at capture.
+
+    The graph is dropped and the wrapper is left as if the call had not been made:
+    change the function (the message says how) or keep it eager.
+    """
+
+    def __init__(self, owner: str, what: str, advice: str) -> None:
+        self.owner, self.what, self.advice = owner, what, advice
+        super().__init__(f"{owner} cannot replay this call as a CUDA graph: {what}\nTo fix: {advice}")
+
+    def __reduce__(self):
+        return (type(self), (self.owner, self.what, self.advice))
+
+
+class StaleGraphError(GraphModuleError, RuntimeError):
+    """A tensor or value the graph read at capture was replaced since.
+
+    The graph reads memory by address and Python values as they were at capture, so a
+    replay would use the old ones. Raised before any replay, with ``on_stale="raise"``.
+
+    Attributes:
+        changes: ``(where, what)`` pairs, e.g. ``("module[0].weight", "another tensor")``.
+    """
+
+    def __init__(self, owner: str, changes: list[tuple[str, str]]) -> None:
+        self.owner, self.changes = owner, list(changes)
+        lines = [f"{owner} was captured reading state that has changed since:"]
+        lines += [f"  {where}: {what}" for where, what in self.changes]
+        lines.append(
+            "To fix: update tensors in place (p.copy_(new), opt.load_state_dict(...), "
+            "load_state_dict(sd) without assign=True), keep values that change in tensors "
+            "(e.g. a tensor learning rate), or pass on_stale='recapture' to warm up and "
+            "capture again whenever this happens."
+        )
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.owner, self.changes))
 
 
 class CaptureError(GraphModuleError, RuntimeError):

@@ -1,63 +1,71 @@
-"""``CudaGraphModule``: an explicit state machine over warmup, capture and replay.
+"""``CudaGraphModule``: a state machine over warmup, capture and replay.
 
 ::
 
-    WARMUP ──(call warmup+1)──► capture ──ok──► CAPTURED (every call: check, copy, replay)
-       ▲                           │
-       │                           ├─fails, on_capture_failure="raise"──► FAILED (raises, no retry)
+    WARMUP ──(call warmup+1)──► capture ──ok──► CAPTURED (every call: match, copy, replay)
+       ▲                           │                 │ new signature, max_graphs > 1: warm up, capture
+       │                           ├─fails, on_capture_failure="raise"──► FAILED (raises until reset())
        └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER
                                                            no CUDA ─────► EAGER (checked, eager)
+
+A call that matches the most recent graph takes the hot path in :meth:`_run`; every
+other call (warmup, a capture, another graph, a mismatch to explain) takes
+:meth:`_slow`.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
-from torch import nn
 
-from ._buffers import Effects, OutputPlan, StaticInputs
-from ._capture import CAPTURE_ERROR_MODES, CudaRunner, EagerRunner, SimulatedRunner
-from ._dispatch import in_keys_for_layout, module_name, resolve_keys, run_with_tensordict_out
-from ._errors import CaptureError, GraphStateError, InputMismatchError, Mismatch
-from ._spec import InputSpec, refuse_requires_grad
+from ._capture import CudaRunner, EagerRunner, SimulatedRunner, capturing
+from ._diagnose import USER_ERROR
+from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys
+from ._entry import Entry
+from ._errors import (
+    CaptureError,
+    GraphStateError,
+    InputMismatchError,
+    Mismatch,
+    MissingKeyError,
+    RequiresGradError,
+    StaleGraphError,
+)
+from ._explain import describe_spec, explain_mismatches
+from ._options import Options, State
+from ._record import mode_reader, read_call, record
+from ._spec import InputSpec
+from ._stale import Watch
 from ._stats import GraphStats
-from ._tree import MISSING, Layout, tensor_leaves
+from ._tree import tensor_leaves
 
 __all__ = ["CudaGraphModule"]
 
-_BACKENDS = ("auto", "cuda", "simulate", "eager")
-_OUTPUTS = ("clone", "static")
-_ON_FAILURE = ("raise", "eager")
 
-
-class _Captured:
-    """Everything one capture produced; replaced as a whole, never patched."""
-
-    __slots__ = ("spec", "inputs", "effects", "outputs", "training")
-
-    def __init__(self, spec, inputs, effects, outputs, training):
-        self.spec, self.inputs, self.effects, self.outputs = spec, inputs, effects, outputs
-        self.training = training
-
-
-def _choice(name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        choices = ", ".join(repr(a) for a in allowed)
-        raise ValueError(f"{name} must be one of {choices} (got {value!r}).")
+def _sorted_kwargs(kwargs: dict) -> dict:
+    keys = list(kwargs)
+    if keys == sorted(keys):
+        return kwargs
+    out = {k: kwargs[k] for k in sorted(keys)}
+    return out
 
 
 class CudaGraphModule:
     """Run a function, ``nn.Module`` or TensorDict module as a CUDA graph.
 
-    The first ``warmup`` calls run eagerly on a side stream. The next call captures
-    one CUDA graph and replays it; every later call checks its inputs against the
-    captured ones (structure, keys, shape, dtype, device, requires_grad, non-tensor
-    values), copies them into the graph's buffers with one launch and replays the
-    graph on the current stream, without synchronising with the host.
+    The first ``warmup`` calls run eagerly on a side stream. The next call captures a
+    CUDA graph and replays it; every later call checks its inputs against the captured
+    ones (structure, keys, shape, dtype, device, layout, requires_grad, non-tensor
+    values, grad mode, train/eval, interaction type), checks that what the graph reads
+    from outside its inputs (parameters, optimizer state and hyperparameters, closure
+    variables) is unchanged, copies the inputs into the graph's buffers and replays the
+    graph on the current stream, without synchronising with the host. Results, effects
+    on the arguments and returned objects are those of the eager call.
 
     A drop-in for ``tensordict.nn.CudaGraphModule``: same arguments, same calling
     conventions (tensors, pytrees, TensorDicts, keyword arguments named after
@@ -75,13 +83,23 @@ class CudaGraphModule:
     Keyword-only options:
         outputs: ``"clone"`` (default): results are fresh tensors that later calls
             never overwrite. ``"static"``: zero-copy, results are the graph's own
-            output buffers, overwritten by the next call; copy what you keep.
+            buffers, overwritten by the next call; copy what you keep.
         capture_error_mode: passed to CUDA graph capture. ``"thread_local"``
             (default) lets other threads (data-loader pin-memory threads) use CUDA
             during a capture; ``"global"`` and ``"relaxed"`` as in torch.
         on_capture_failure: ``"raise"`` (default): raise a :class:`CaptureError`
             naming the cause, then refuse to run until :meth:`reset`; ``"eager"``:
             warn once and run eagerly from then on.
+        on_stale: when something the graph reads by address or value was replaced
+            (``layer.weight = nn.Parameter(...)``, an optimizer's float ``lr``):
+            ``"raise"`` (default) a :class:`StaleGraphError` naming it, or
+            ``"recapture"``: drop the graph, warm up and capture again.
+        max_graphs: graphs kept for different signatures (shapes, modes...). With the
+            default 1, a call with another signature is an error.
+        on_graph_limit: with ``max_graphs`` graphs held, a new signature ``"raise"``\\ s
+            (default) or ``"evict"``\\ s the least recently used graph.
+        pool: a memory pool shared with other graphs (``torch.cuda.graph_pool_handle()``
+            or another wrapper's ``pool``); all graphs of a wrapper share its pool.
         backend: ``"auto"`` (CUDA graphs if CUDA is available, else eager with a
             warning), ``"cuda"``, ``"eager"`` (no graphs; every check still runs) or
             ``"simulate"`` (the full capture/replay machinery, with each replay
@@ -118,37 +136,33 @@ class CudaGraphModule:
         outputs: str = "clone",
         capture_error_mode: str = "thread_local",
         on_capture_failure: str = "raise",
+        on_stale: str = "raise",
+        max_graphs: int = 1,
+        on_graph_limit: str = "raise",
+        pool: Any = None,
         backend: str = "auto",
     ) -> None:
         if not callable(module):
             raise TypeError(f"module must be callable (got {type(module).__name__}).")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"warmup must be an int >= 1 (got {warmup!r}).")
-        _choice("outputs", outputs, _OUTPUTS)
-        _choice("capture_error_mode", capture_error_mode, CAPTURE_ERROR_MODES)
-        _choice("on_capture_failure", on_capture_failure, _ON_FAILURE)
-        _choice("backend", backend, _BACKENDS)
+        self.options = Options(outputs, capture_error_mode, on_capture_failure, on_stale, max_graphs,
+                               on_graph_limit, pool, backend)
         self.module = module
         self.warmup = warmup
-        self.in_keys, self.out_keys = resolve_keys(module, in_keys, out_keys)
-        self._options = {
-            "outputs": outputs,
-            "capture_error_mode": capture_error_mode,
-            "on_capture_failure": on_capture_failure,
-            "backend": backend,
-        }
+        self.in_keys, self.out_keys = resolve_keys(module, in_keys, out_keys, stacklevel=3)
         self._given_device = device
         self._clone = outputs == "clone"
         self._owner = f"CudaGraphModule({module_name(module)})"
-        self._is_td = self.in_keys is not None
-        self._arg_names = ("tensordict",) if self._is_td else ()
-        self._layout_keys = {0: in_keys_for_layout(self.in_keys)} if self._is_td else None
-        self._runner = self._make_runner(backend, device, capture_error_mode)
-        self.device = getattr(self._runner, "device", None)
+        self._is_tensordict_module = self.in_keys is not None
+        self._arg_names = ("tensordict",) if self._is_tensordict_module else ()
+        self._sort_kwargs = binds_kwargs_by_name(module) and not self._is_tensordict_module
+        self._runner = self._make_runner(backend, device, capture_error_mode, pool)
+        self.device = self._runner.device
         self._stats = GraphStats()
         self._reset_state()
 
-    def _make_runner(self, backend: str, device: Any, capture_error_mode: str):
+    def _make_runner(self, backend: str, device: Any, capture_error_mode: str, pool: Any):
         has_cuda = torch.cuda.is_available()
         if backend == "auto":
             if not has_cuda:
@@ -175,51 +189,63 @@ class CudaGraphModule:
             raise ValueError(f"device must be a CUDA device (got {device}).")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        return CudaRunner(device, capture_error_mode)
+        return CudaRunner(device, capture_error_mode, getattr(pool, "pool", pool))
 
     def _reset_state(self) -> None:
-        self._captured: _Captured | None = None
+        self._entries: list[Entry] = []  # most recently used first
+        self._state = State.WARMUP
         self._eager_spec: InputSpec | None = None
-        self._eager_training: bool | None = None
+        self._eager_mode: Any = None
         self._failure: CaptureError | None = None
         self._warmed = 0
+        self._pending: dict[Any, int] = {}  # warmup calls of signatures not captured yet
+        self._mode = None  # the ModeReader, from the first capture
 
     # -- public surface ----------------------------------------------------------------
     @property
-    def state(self) -> str:
-        """``"warmup"``, ``"captured"``, ``"eager"`` or ``"failed"``."""
-        if self._captured is not None:
-            return "captured"
-        if self._failure is not None:
-            return "failed"
-        if self._eager_spec is not None:
-            return "eager"
-        return "warmup"
+    def state(self) -> State:
+        """The current :class:`State` (compares equal to ``"warmup"``, ``"captured"``...)."""
+        return self._state
 
     @property
     def stats(self) -> GraphStats:
         """A snapshot of the counters (see :class:`GraphStats`)."""
-        return self._stats.copy()
+        stats = self._stats.copy()
+        stats.graphs = len(self._entries)
+        return stats
+
+    @property
+    def counter(self) -> int:
+        """Calls that ran before the graph took over (tensordict's wrapper's ``counter``)."""
+        return min(self._stats.warmup_calls + self._stats.captures, self.warmup)
+
+    @property
+    def pool(self) -> Any:
+        """The memory pool of this wrapper's graphs (pass it as ``pool=`` to share it)."""
+        return getattr(self._runner, "pool", None)
 
     @property
     def graph(self) -> torch.cuda.CUDAGraph | None:
-        """The captured ``torch.cuda.CUDAGraph``, if any."""
-        return getattr(self._runner, "graph", None)
+        """The most recently used captured ``torch.cuda.CUDAGraph``, if any."""
+        handle = self._entries[0].handle if self._entries else None
+        return handle if isinstance(handle, torch.cuda.CUDAGraph) else None
 
     def explain(self) -> str:
-        """The state and, once captured, the input signature every call must match."""
-        lines = [f"{self._owner}: state {self.state}, {self._stats}"]
-        spec = self._captured.spec if self._captured is not None else self._eager_spec
-        if spec is not None:
-            lines.append("captured inputs:")
-            lines += ["  " + line for line in spec.describe().splitlines()]
+        """The state and, once captured, each graph's input signature."""
+        lines = [f"{self._owner}: state {self._state.value}, {self.stats}"]
+        specs = [entry.spec for entry in self._entries] or ([self._eager_spec] if self._eager_spec else [])
+        for n, spec in enumerate(specs):
+            lines.append("captured inputs:" if len(specs) == 1 else f"graph {n} inputs:")
+            text = describe_spec(spec, self._arg_names)
+            lines += ["  " + line for line in text.splitlines()]
         if self._failure is not None:
             lines.append(f"capture failed: {self._failure}")
         return "\n".join(lines)
 
     def reset(self) -> None:
-        """Drop the graph; the next calls warm up and capture again."""
-        self._runner.release()
+        """Drop every graph; the next calls warm up and capture again."""
+        for entry in self._entries:
+            entry.release()
         self._reset_state()
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict:
@@ -228,26 +254,38 @@ class CudaGraphModule:
         return fn(*args, **kwargs) if fn is not None else {}
 
     def load_state_dict(self, state_dict: dict, *args: Any, **kwargs: Any) -> Any:
-        """Load into the wrapped module; in-place, so a captured graph sees the new values."""
+        """Load into the wrapped module; in place, so a captured graph sees the new values."""
         fn = getattr(self.module, "load_state_dict", None)
         return fn(state_dict, *args, **kwargs) if fn is not None else None
 
     def __repr__(self) -> str:
-        parts = [
-            repr(self.module),
-            f"warmup={self.warmup}",
-            f"in_keys={self.in_keys!r}",
-            f"out_keys={self.out_keys!r}",
-            f"device={self._given_device!r}",
-        ]
-        defaults = {"outputs": "clone", "capture_error_mode": "thread_local",
-                    "on_capture_failure": "raise", "backend": "auto"}
-        parts += [f"{k}={v!r}" for k, v in self._options.items() if defaults[k] != v]
+        parts = [repr(self.module), f"warmup={self.warmup}", f"in_keys={self.in_keys!r}",
+                 f"out_keys={self.out_keys!r}", f"device={self._given_device!r}"]
+        parts += [f"{name}={value!r}" for name, value in self.options.changed()]
         return f"CudaGraphModule({', '.join(parts)})"
+
+    # A wrapper holds CUDA graphs and streams, which cannot be copied or pickled: a copy
+    # is a new wrapper over a copy of the module, warming up again.
+    def _ctor(self) -> dict:
+        return dict(warmup=self.warmup, in_keys=self.in_keys, out_keys=self.out_keys,
+                    device=self._given_device, **dict(self.options.changed()))
+
+    def __deepcopy__(self, memo: dict) -> "CudaGraphModule":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return type(self)(copy.deepcopy(self.module, memo), **copy.deepcopy(self._ctor(), memo))
+
+    def __getstate__(self) -> dict:
+        return {"module": self.module, "ctor": self._ctor()}
+
+    def __setstate__(self, state: dict) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.__init__(state["module"], **state["ctor"])
 
     # -- calls -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._is_td and (kwargs or not args or not isinstance(args[0], TensorDictBase)):
+        if self._is_tensordict_module and (kwargs or not args or not isinstance(args[0], TensorDictBase)):
             # keyword calls and tensordict_out go through tensordict's dispatch; a
             # TensorDict call is passed on unchanged by it, so it skips the wrapper
             return self._call_td(*args, **kwargs)
@@ -256,140 +294,169 @@ class CudaGraphModule:
     @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
     def _call_td(self, tensordict, *args: Any, tensordict_out=None, **kwargs: Any) -> Any:
         if tensordict_out is not None:
-            return run_with_tensordict_out(
-                lambda td, a, k: self._run((td, *a), k), tensordict, tensordict_out, args, kwargs
-            )
+            kwargs["tensordict_out"] = tensordict_out
         return self._run((tensordict, *args), kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
-        captured = self._captured
-        if captured is None:
-            return self._run_uncaptured(args, kwargs)
-        try:
-            leaves, tds = captured.spec.split(args, kwargs)
-            if captured.training is not None and self.module.training is not captured.training:
-                self._raise_mode(captured.training)
-        except InputMismatchError:
-            self._stats.input_mismatches += 1
-            raise
-        captured.inputs.copy_from(leaves)
-        self._runner.replay()
-        self._stats.replays += 1
-        if captured.effects.any:
-            captured.effects.apply(leaves, tds, self._clone)
-        return captured.outputs.build(leaves, tds)
+        entries = self._entries
+        if entries:
+            entry = entries[0]
+            if kwargs and self._sort_kwargs:
+                kwargs = _sorted_kwargs(kwargs)
+            split = entry.spec.match(args, kwargs)
+            if (
+                split is not None
+                and self._mode.read() == entry.mode
+                and entry.watch.check()
+                and entry.extra_ok(split[0])
+                and not capturing()
+            ):
+                self._stats.replays += 1
+                return entry.replay(split[0], split[1], (args, kwargs))
+        return self._slow(args, kwargs)
 
-    def _run_uncaptured(self, args: tuple, kwargs: dict) -> Any:
-        module = self.module
-        if self._failure is not None:
+    def _slow(self, args: tuple, kwargs: dict) -> Any:
+        if capturing():  # called inside another wrapper's capture: record inline into it
+            self._stats.inline_calls += 1
+            return self.module(*args, **kwargs)
+        if self._state is State.FAILED:
             raise GraphStateError(
                 f"{self._owner} failed to capture its graph earlier and does not retry: "
                 f"{str(self._failure).splitlines()[0]}\nFix the cause, then call reset() to "
                 "warm up and capture again, or pass on_capture_failure='eager'."
             ) from self._failure
-        if self._eager_spec is not None:  # no CUDA, or a failed capture: checked, eager
-            try:
-                self._eager_spec.split(args, kwargs)
-                if self._eager_training is not None and module.training is not self._eager_training:
-                    self._raise_mode(self._eager_training)
-            except InputMismatchError:
+        if kwargs and self._sort_kwargs:
+            kwargs = _sorted_kwargs(kwargs)
+        if self._state is State.EAGER:
+            return self._eager_call(args, kwargs)
+        mode = self._mode.read() if self._mode is not None else None
+        for n, entry in enumerate(self._entries):
+            split = entry.spec.match(args, kwargs)
+            if split is None or entry.mode != mode:
+                continue
+            if not entry.watch.check():
+                return self._stale(entry, args, kwargs)
+            found = entry.extra_mismatches(split[0], entry.texts)
+            if found:
                 self._stats.input_mismatches += 1
-                raise
-            self._stats.eager_calls += 1
-            return module(*args, **kwargs)
+                raise InputMismatchError(self._owner, found)
+            self._entries.insert(0, self._entries.pop(n))
+            self._stats.replays += 1
+            return entry.replay(split[0], split[1], (args, kwargs))
+        if self._entries:
+            if len(self._entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
+                self._raise_mismatch(self._entries[0], args, kwargs, mode)
+            return self._new_signature(args, kwargs)
         if self._warmed < self.warmup:
-            self._refuse_grad((args, kwargs))
-            self._warmed += 1
-            self._stats.warmup_calls += 1
-            return self._runner.run_eager(lambda: module(*args, **kwargs))
+            return self._warmup_call(args, kwargs)
         return self._capture(args, kwargs)
 
+    def _warmup_call(self, args: tuple, kwargs: dict) -> Any:
+        self._refuse_grad((args, kwargs))
+        out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
+        self._warmed += 1
+        self._stats.warmup_calls += 1
+        return out
+
+    def _new_signature(self, args: tuple, kwargs: dict) -> Any:
+        """A call that matches no graph, with room for another (or eviction): warm up, capture."""
+        tree = (args, kwargs)
+        layout, leaves, _, _ = read_call(self._owner, tree, self._by_key(kwargs), self._arg_names, self.device)
+        key = InputSpec(layout, leaves, self._mode.read()).key
+        count = self._pending.get(key, 0)
+        if count < self.warmup:
+            self._pending[key] = count + 1
+            self._stats.warmup_calls += 1
+            return self._runner.run_eager(lambda: self.module(*args, **kwargs))
+        self._pending.pop(key, None)
+        if len(self._entries) >= self.options.max_graphs:
+            evicted = self._entries.pop()
+            evicted.release()
+            self._stats.evictions += 1
+        return self._capture(args, kwargs)
+
+    def _by_key(self, kwargs: dict) -> dict:
+        return by_key_paths(self.in_keys, "tensordict_out" in kwargs)
+
     def _capture(self, args: tuple, kwargs: dict) -> Any:
-        module, tree = self.module, (args, kwargs)
-        layout, split = Layout.capture(tree, self._layout_keys)
-        if split is None:  # a TensorDict lacks some of the module's in_keys
-            self._stats.input_mismatches += 1
-            raise InputMismatchError(self._owner, self._missing_in_keys(layout, tree), "called")
-        leaves, tds = split
-        paths = layout.leaf_paths(self._arg_names)
-        refuse_requires_grad(self._owner, leaves, paths)
-        self._check_devices(leaves, paths)
-        spec = InputSpec(self._owner, layout, leaves, self._arg_names)
-        training = module.training if isinstance(module, nn.Module) else None
+        tree = (args, kwargs)
+        layout, leaves, objs, texts = read_call(self._owner, tree, self._by_key(kwargs), self._arg_names,
+                                                self.device)
+        watch = Watch(self.module)
+        reader = self._mode or mode_reader(watch)
+        mode = reader.read()
         if not self._runner.captures:
-            self._eager_spec, self._eager_training = spec, training
+            self._mode = reader
+            self._eager_spec, self._eager_mode = InputSpec(layout, leaves, mode), mode
+            self._state = State.EAGER
             self._stats.eager_calls += 1
-            return module(*args, **kwargs)
-
-        inputs = StaticInputs(layout, leaves, {p: td.device for p, td in tds.items()})
-        versions = inputs.versions()
-
-        def body():
-            (m_args, m_kwargs), passed = inputs.materialize()
-            return module(*m_args, **m_kwargs), passed
-
+            return self.module(*args, **kwargs)
         try:
-            out, passed = self._runner.capture(body, self._owner)
+            entry, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
+                              leaves=leaves, mode=mode, clone=self._clone, texts=texts)
         except CaptureError as err:
-            self._stats.capture_failures += 1
-            if self._options["on_capture_failure"] == "raise":
-                self._failure = err
-                raise
-            warnings.warn(
-                f"{err}\n{self._owner} runs eagerly from now on (on_capture_failure='eager').",
-                UserWarning,
-                stacklevel=3,
-            )
-            self._eager_spec, self._eager_training = spec, training
-            self._stats.eager_calls += 1
-            return self._runner.run_eager(lambda: module(*args, **kwargs))
+            if err.cause == USER_ERROR:  # the function's own error, as eagerly: nothing changes
+                raise err.original from None
+            return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs)
+        self._mode = reader
+        self._entries.insert(0, entry)
+        self._state = State.CAPTURED
         self._stats.captures += 1
-        self._stats.capture_seconds = self._runner.capture_seconds
-        captured = _Captured(
-            spec,
-            inputs,
-            Effects(inputs, versions, passed),
-            OutputPlan(out, inputs, passed, self._clone),
-            training,
-        )
-        self._captured = captured
-        if isinstance(self._runner, CudaRunner):  # a capture records; it does not run
-            self._runner.replay()
         self._stats.replays += 1
-        if captured.effects.any:
-            captured.effects.apply(leaves, tds, self._clone)
-        return captured.outputs.build(leaves, tds)
+        self._stats.capture_seconds = self._runner.capture_seconds
+        return entry.finish(leaves, objs, tree)
 
-    # -- checks outside the replay's fast path -------------------------------------------
+    def _capture_failed(self, err, layout, leaves, mode, reader, args, kwargs) -> Any:
+        self._stats.capture_failures += 1
+        if self.options.on_capture_failure == "raise":
+            self._failure = err
+            self._state = State.FAILED
+            raise err
+        warnings.warn(f"{err}\n{self._owner} runs eagerly from now on (on_capture_failure='eager').",
+                      UserWarning, stacklevel=4)
+        self._mode = reader
+        self._eager_spec, self._eager_mode = InputSpec(layout, leaves, mode), mode
+        self._state = State.EAGER
+        self._stats.eager_calls += 1
+        return self._runner.run_eager(lambda: self.module(*args, **kwargs))
+
+    def _eager_call(self, args: tuple, kwargs: dict) -> Any:
+        spec = self._eager_spec
+        mode = self._mode.read()
+        if spec.match(args, kwargs) is None or mode != self._eager_mode:
+            self._raise_mismatch_spec(spec, self._eager_mode, args, kwargs, mode)
+        self._stats.eager_calls += 1
+        return self._runner.run_eager(lambda: self.module(*args, **kwargs))
+
+    def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
+        changes = entry.watch.changes()
+        if self.options.on_stale == "raise" or not changes:
+            raise StaleGraphError(self._owner, changes or [("state", "changed")])
+        self._stats.recaptures += 1
+        self._entries.remove(entry)
+        entry.release()
+        if not self._entries:
+            self._state, self._warmed = State.WARMUP, 0
+            return self._slow(args, kwargs)
+        return self._new_signature(args, kwargs)
+
+    # -- errors ------------------------------------------------------------------------
     def _refuse_grad(self, tree: Any) -> None:
         if any(t.requires_grad for t in tensor_leaves(tree)):
-            layout, split = Layout.capture(tree, None)
-            refuse_requires_grad(self._owner, split[0], layout.leaf_paths(self._arg_names))
+            read_call(self._owner, tree, self._by_key(tree[1]), self._arg_names, None)
 
-    def _check_devices(self, leaves: list, paths: list[str]) -> None:
-        device = self.device
-        if device is None:
-            return
-        found = [
-            Mismatch(path, "device", str(device), str(leaf.device))
-            for leaf, path in zip(leaves, paths)
-            if isinstance(leaf, torch.Tensor) and leaf.device != device
-        ]
-        if found:
-            raise InputMismatchError(self._owner, found, "asked to capture on " + str(device))
+    def _raise_mismatch(self, entry: Entry, args: tuple, kwargs: dict, mode: Any) -> None:
+        self._raise_mismatch_spec(entry.spec, entry.mode, args, kwargs, mode)
 
-    def _missing_in_keys(self, layout: Layout, tree: Any) -> list[Mismatch]:
-        leaves, found = layout.loose_leaves(tree, self._arg_names)
-        paths = layout.leaf_paths(self._arg_names)
-        return found + [
-            Mismatch(path, "missing", "an entry (it is in the module's in_keys)", "nothing")
-            for leaf, path in zip(leaves, paths)
-            if leaf is MISSING
-        ]
-
-    def _raise_mode(self, captured_training: bool) -> None:
-        names = {True: "train mode", False: "eval mode"}
-        raise InputMismatchError(
-            self._owner,
-            [Mismatch("module.training", "mode", names[captured_training], names[not captured_training])],
-        )
+    def _raise_mismatch_spec(self, spec: InputSpec, captured_mode: Any, args, kwargs, mode) -> None:
+        self._stats.input_mismatches += 1
+        found = explain_mismatches(spec, (args, kwargs), self._arg_names)
+        if mode != captured_mode:
+            found += self._mode.mismatches(captured_mode, mode)
+        if not found:
+            found = [Mismatch("inputs", "structure", "the captured call", "a call that does not match it")]
+        if all(m.kind == "requires_grad" for m in found):
+            raise RequiresGradError(self._owner, found, "captured")
+        if all(m.kind == "missing" and "[" in m.path for m in found) and self._is_tensordict_module:
+            raise MissingKeyError(self._owner, found)
+        raise InputMismatchError(self._owner, found)

@@ -1,95 +1,123 @@
 """``InputSpec``: what a graph was captured with, and the check every replay runs.
 
-Built once at capture. ``check()`` is the replay's fast path: one optree flatten,
-one C++ comparison of every tensor's shape, dtype, device and requires_grad
-(dynamo's ``TensorGuards``, where this torch has it) and a tuple comparison of the
-non-tensor constants. Only when that fails is the tree walked again to write the
-message, which lists every mismatch of the call at once.
+Built once at capture. ``match()`` is the replay's fast path: one optree flatten (or
+none, for positional tensors and for a lone TensorDict), one C++ comparison of every
+tensor's shape, dtype, device, layout and requires_grad (dynamo's ``TensorGuards``,
+where this torch has it, with the Python comparison as the definition) and a tuple
+comparison of the non-tensor constants. It returns ``None`` on any difference;
+``_explain`` then walks the call again to say what differs.
 
-Strides are not compared: ``copy_`` writes any layout into the captured buffer.
+Strides are not compared: ``copy_`` writes any layout into the captured buffer (a
+leaf whose view the function returns is the exception, see ``OutputPlan``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
-import optree
 import torch
 from tensordict import TensorDictBase
 
-from ._errors import InputMismatchError, Mismatch, RequiresGradError
-from ._tree import MISSING, NO_TDS, Layout, describe
+from ._tree import NO_TDS, Layout, Slot, flatten
 
 try:  # dynamo's C++ tensor check; optional, the Python comparison is the reference
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 except ImportError:  # pragma: no cover - depends on the torch build
     _TensorGuards = None
 
-__all__ = ["InputSpec", "refuse_requires_grad"]
+__all__ = ["InputSpec", "facts", "same_constant"]
 
 Tensor = torch.Tensor
 
 
-def _facts(t: Tensor) -> tuple:
-    return (t.shape, t.dtype, t.device, t.requires_grad)
+def facts(t: Tensor) -> tuple:
+    """What a replay needs to be unchanged about a tensor leaf."""
+    return (t.shape, t.dtype, t.device, t.requires_grad, t.layout)
 
 
-def _same_constant(a: Any, b: Any) -> bool:
+def same_constant(a: Any, b: Any) -> bool:
+    """Whether a non-tensor argument is the captured one, as far as a graph can tell.
+
+    ``-0.0`` and ``0.0`` compare equal in Python but not to a graph that divides by
+    them; ``nan`` is the captured ``nan``.
+    """
     if a is b:
         return True
     if type(a) is not type(b):
         return False
+    if type(a) is float:
+        if a != a:
+            return b != b
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    if type(a) is complex:
+        return same_constant(a.real, b.real) and same_constant(a.imag, b.imag)
     try:
         return bool(a == b)
     except Exception:  # an object whose == is not a truth value (e.g. an array)
         return False
 
 
-def refuse_requires_grad(owner: str, leaves: Sequence[Any], paths: Sequence[str]) -> None:
-    """Raise :class:`RequiresGradError` naming every input that requires grad."""
-    found = [
-        Mismatch(path, "requires_grad", "False", "True")
-        for leaf, path in zip(leaves, paths)
-        if isinstance(leaf, Tensor) and leaf.requires_grad
-    ]
-    if found:
-        raise RequiresGradError(owner, found)
+def _const_key(value: Any) -> Any:
+    if type(value) is float:
+        return (float, "nan") if value != value else (float, value, math.copysign(1.0, value))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return (type(value), value)
+
+
+def _slot_key(slot: Slot) -> tuple:
+    def node_key(node):
+        if node is None:
+            return None
+        children = tuple(
+            (name, child if type(child) is int else node_key(child)) for name, child in node.entries
+        )
+        return (node.cls, tuple(node.batch_size), node.names, str(node.device), node.exact, children)
+
+    return (slot.position, slot.cls, slot.exact, node_key(slot.root))
 
 
 class InputSpec:
-    """The captured inputs: their layout, tensor facts and constants.
+    """The captured inputs: their layout, tensor facts, constants and mode.
 
     Args:
-        owner: how messages name the wrapper, e.g. ``"CudaGraphModule(policy)"``.
         layout: the captured :class:`~graphmodule._tree.Layout`.
         leaves: the captured flat leaves.
-        arg_names: names of positional arguments for messages.
+        mode: what the call's outcome depends on besides its inputs (grad mode,
+            train/eval, interaction type), as read by ``_mode``.
     """
 
-    def __init__(self, owner: str, layout: Layout, leaves: Sequence[Any], arg_names: Sequence[str] = ()):
-        self.owner = owner
+    def __init__(self, layout: Layout, leaves: Sequence[Any], mode: tuple = ()):
         self.layout = layout
-        self.arg_names = tuple(arg_names)
+        self.mode = mode
         self.tensor_index = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         self.const_index = tuple(i for i, leaf in enumerate(leaves) if not isinstance(leaf, Tensor))
-        self.facts = tuple(_facts(leaves[i]) for i in self.tensor_index)
+        self.facts = tuple(facts(leaves[i]) for i in self.tensor_index)
         self.constants = tuple(leaves[i] for i in self.const_index)
         self.all_tensors = not self.const_index
-        # captured with positional tensors only (no containers, no kwargs): the fast path
-        flat_positional = optree.tree_structure((tuple(range(len(leaves))), {}))
-        self.n_positional_tensors = (
-            len(leaves)
-            if self.all_tensors and not layout.slots and layout.treespec == flat_positional
-            else -1
+        n = len(leaves)
+        flat_positional = flatten((tuple(range(n)), {}))[1]
+        # captured with positional tensors only (no containers, no kwargs): no flatten at all
+        self.n_positional = (
+            n if self.all_tensors and not layout.slots and layout.treespec == flat_positional else -1
         )
         # captured with one TensorDict as the only argument (a TensorDict module's call)
         self.lone_slot = (
             layout.slots[0]
-            if self.all_tensors and len(layout.slots) == 1
-            and layout.treespec == optree.tree_structure(((0,), {}))
+            if self.all_tensors and len(layout.slots) == 1 and layout.treespec == flatten(((0,), {}))[1]
             else None
         )
         self._guard = self._make_guard([leaves[i] for i in self.tensor_index])
+        self.key = (
+            layout.treespec,
+            tuple(_slot_key(slot) for slot in layout.slots),
+            tuple((s, d, str(dev), rg, lay) for s, d, dev, rg, lay in self.facts),
+            tuple(_const_key(c) for c in self.constants),
+            mode,
+        )
 
     @staticmethod
     def _make_guard(tensors: list[Tensor]):
@@ -104,33 +132,35 @@ class InputSpec:
             pass
         return None
 
-    # -- the fast path ---------------------------------------------------------------
-    def split(self, args: tuple, kwargs: dict) -> tuple[Any, dict]:
-        """The call's leaves and TensorDicts if they match the capture; else raise."""
-        if self.n_positional_tensors == len(args) and not kwargs:
-            # positional tensors only, as captured: the arguments are the leaves (no
-            # flatten); a non-tensor among them fails the tensor check below
+    # -- the fast path -------------------------------------------------------------------
+    def match(self, args: tuple, kwargs: dict) -> tuple[Any, dict] | None:
+        """The call's leaves and slot values if they match the capture, else ``None``."""
+        if self.n_positional == len(args) and not kwargs:
+            # positional tensors only, as captured: the arguments are the leaves; a
+            # non-tensor among them fails the tensor check
             if self.matches(args):
                 return args, NO_TDS
-        elif self.lone_slot is not None and len(args) == 1 and not kwargs:
-            # one TensorDict, as captured: read its leaves without flattening the call
-            td = args[0]
-            leaves = self.lone_slot.read(td) if isinstance(td, TensorDictBase) else None
+            return None
+        if self.lone_slot is not None and len(args) == 1 and not kwargs:
+            obj = args[0]
+            if not isinstance(obj, TensorDictBase):
+                return None
+            leaves = self.lone_slot.read(obj)
             if leaves is not None and self.matches(leaves):
-                return leaves, {0: td}
-        else:
-            split = self.layout.leaves((args, kwargs))
-            if split is not None and self.matches(split[0]):
-                return split
-        return self.raise_mismatch((args, kwargs))
+                return leaves, {0: obj}
+            return None
+        split = self.layout.leaves((args, kwargs))
+        if split is not None and self.matches(split[0]):
+            return split
+        return None
 
-    def matches(self, leaves: list) -> bool:
+    def matches(self, leaves: Sequence[Any]) -> bool:
         if self.all_tensors:
             tensors = leaves
         else:
             tensors = [leaves[i] for i in self.tensor_index]
-            consts = tuple(leaves[i] for i in self.const_index)
-            if not all(map(_same_constant, consts, self.constants)):
+            consts = [leaves[i] for i in self.const_index]
+            if not all(map(same_constant, consts, self.constants)):
                 return False
         guard = self._guard
         if guard is not None:
@@ -142,69 +172,6 @@ class InputSpec:
             # The guard also compares dispatch keys (e.g. inference-mode tensors):
             # decide with the comparison that defines a match.
         try:
-            return all(_facts(t) == f for t, f in zip(tensors, self.facts))
+            return all(facts(t) == f for t, f in zip(tensors, self.facts))
         except AttributeError:
             return False
-
-    # -- the slow path: only after a mismatch ----------------------------------------
-    def mismatches(self, tree: Any) -> list[Mismatch]:
-        """Every difference between ``tree`` and the capture, in input order."""
-        loose = self.layout.loose_leaves(tree, self.arg_names)
-        if loose is None:
-            return self.layout.diff(tree, self.arg_names)
-        leaves, found = loose
-        paths = self.layout.leaf_paths(self.arg_names)
-        facts = dict(zip(self.tensor_index, self.facts))
-        constants = dict(zip(self.const_index, self.constants))
-        for i, (leaf, path) in enumerate(zip(leaves, paths)):
-            if leaf is MISSING:
-                expected = _describe_facts(facts[i]) if i in facts else describe(constants[i])
-                found.append(Mismatch(path, "missing", expected, "nothing"))
-            elif i in facts:
-                found += _tensor_mismatches(path, facts[i], leaf)
-            elif not _same_constant(leaf, constants[i]):
-                kind = "type" if isinstance(leaf, Tensor) else "value"
-                found.append(Mismatch(path, kind, describe(constants[i]), describe(leaf)))
-        return found
-
-    def raise_mismatch(self, tree: Any) -> tuple[list, dict]:
-        found = self.mismatches(tree)
-        if not found:  # the fast check was stricter than the definition: a match
-            return self.layout.leaves(tree)
-        if all(m.kind == "requires_grad" for m in found):
-            raise RequiresGradError(self.owner, found, "captured")
-        raise InputMismatchError(self.owner, found)
-
-    def describe(self) -> str:
-        """The captured signature, one input per line."""
-        paths = self.layout.leaf_paths(self.arg_names)
-        facts = dict(zip(self.tensor_index, self.facts))
-        constants = dict(zip(self.const_index, self.constants))
-        lines = []
-        for i, path in enumerate(paths):
-            if i in facts:
-                lines.append(f"{path}: {_describe_facts(facts[i])}")
-            else:
-                lines.append(f"{path}: constant {describe(constants[i])}")
-        return "\n".join(lines)
-
-
-def _describe_facts(facts: tuple) -> str:
-    shape, dtype, device, _ = facts
-    return f"a tensor of shape {tuple(shape)}, {dtype} on {device}"
-
-
-def _tensor_mismatches(path: str, facts: tuple, leaf: Any) -> list[Mismatch]:
-    if not isinstance(leaf, Tensor):
-        return [Mismatch(path, "type", "a tensor", describe(leaf))]
-    shape, dtype, device, requires_grad = facts
-    found = []
-    if leaf.shape != shape:
-        found.append(Mismatch(path, "shape", str(tuple(shape)), str(tuple(leaf.shape))))
-    if leaf.dtype != dtype:
-        found.append(Mismatch(path, "dtype", str(dtype), str(leaf.dtype)))
-    if leaf.device != device:
-        found.append(Mismatch(path, "device", str(device), str(leaf.device)))
-    if leaf.requires_grad != requires_grad:
-        found.append(Mismatch(path, "requires_grad", str(requires_grad), str(leaf.requires_grad)))
-    return found

@@ -19,6 +19,10 @@ class GraphStats:
             capture with ``on_capture_failure="eager"``).
         capture_failures: captures that failed.
         input_mismatches: calls refused because their inputs differed from the capture.
+        recaptures: graphs dropped because what they read changed (``on_stale="recapture"``).
+        evictions: graphs dropped for a new signature (``on_graph_limit="evict"``).
+        inline_calls: calls made while another wrapper was capturing (recorded into its graph).
+        graphs: graphs held now.
         capture_seconds: wall time of the last capture.
 
     Example:
@@ -38,6 +42,10 @@ class GraphStats:
     eager_calls: int = 0
     capture_failures: int = 0
     input_mismatches: int = 0
+    recaptures: int = 0
+    evictions: int = 0
+    inline_calls: int = 0
+    graphs: int = 0
     capture_seconds: float = 0.0
 
     def copy(self) -> "GraphStats":

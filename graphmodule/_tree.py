@@ -1,354 +1,304 @@
-"""How a call's inputs become a flat list of leaves, and back.
+"""How a call's inputs become a flat list of leaves, and back: the hot path.
 
-Containers (tuples, lists, dicts, namedtuples, ``None``) are flattened by optree, a
-C++ pytree library: about a microsecond for a small call. TensorDicts are leaves
-for optree and are flattened here, by key, so that their keys and batch size are
-part of the structure and their leaves are checked and copied like any tensor.
+Containers (tuples, lists, dicts, namedtuples, ``None``) are flattened by optree in
+graphmodule's own namespace, where dicts keep their insertion order: a function that
+iterates a dict sees its order, so a dict whose order changes is another structure.
 
-A TensorDict is read in one of two ways:
+TensorDicts and tensorclasses are optree leaves; each becomes a *slot*, read by key:
 
-- exactly (an argument of a plain function): its keys must be the captured keys;
-- by key (the input of a TensorDict module): the captured keys must be present,
-  other keys are ignored, as the module does not read them.
+- exact (an argument of a plain function): the same keys in the same order and the
+  same batch size at every nested level;
+- by key (the input of a TensorDict module, ``tensordict_out``): the keys the module
+  reads must be there and other keys are ignored; a key naming a sub-TensorDict reads
+  that sub-TensorDict exactly.
+
+A slot's structure is a tree of :class:`Node` built once, at capture. Messages about
+mismatches are written by ``_explain``, never here.
 """
 
 from __future__ import annotations
 
-import operator
-from dataclasses import dataclass
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Callable
 
 import optree
 import torch
-from tensordict import TensorDict, TensorDictBase, is_non_tensor
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
-from ._errors import Mismatch
+from ._paths import NestedKey, as_key
 
-NestedKey = tuple  # a TensorDict key as a tuple of strings
+NAMESPACE = "graphmodule"
 MISSING = object()  # a key absent from a TensorDict
+NO_TDS: dict = {}  # a call without TensorDicts (shared, never written)
 
 
-def as_key(key: Any) -> NestedKey:
-    """``"a"`` and ``("a", "b")`` as tuples of strings."""
-    return (key,) if isinstance(key, str) else tuple(key)
+def _insertion_ordered_dicts() -> None:
+    setter = getattr(getattr(optree, "_C", None), "set_dict_insertion_ordered", None)
+    if setter is not None:
+        setter(True, NAMESPACE)
+    else:  # pragma: no cover - older optree: the public context manager, entered for good
+        contextlib.ExitStack().enter_context(optree.dict_insertion_ordered(True, namespace=NAMESPACE))
 
 
-def format_key(key: NestedKey) -> str:
-    return ", ".join(repr(part) for part in key)
+_insertion_ordered_dicts()
 
 
-def format_path(path: Sequence[Any], arg_names: Sequence[str] = ()) -> str:
-    """``(0, 1, 'obs')`` → ``args[1]['obs']``; ``(1, 'x')`` → ``kwargs['x']``."""
-    if not path:
-        return "inputs"
-    head, rest = path[0], list(path[1:])
-    if head == 0 and rest:
-        index = rest.pop(0)
-        text = arg_names[index] if index < len(arg_names) else f"args[{index}]"
-    elif head == 1 and rest:
-        text = f"kwargs[{rest.pop(0)!r}]"
-    else:
-        text = "inputs"
-    return text + "".join(f"[{part!r}]" for part in rest)
+def flatten(tree: Any) -> tuple[list, Any]:
+    return optree.tree_flatten(tree, namespace=NAMESPACE)
 
 
-def describe(value: Any) -> str:
-    """A short description of a value for messages; never prints tensor data."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}, {value.dtype} on {value.device}"
-    if isinstance(value, TensorDictBase):
-        return f"a {type(value).__name__} with batch size {tuple(value.batch_size)}"
-    text = repr(value)
-    return text if len(text) <= 60 else f"a {type(value).__name__}"
+def flatten_with_path(tree: Any) -> tuple[list, list, Any]:
+    return optree.tree_flatten_with_path(tree, namespace=NAMESPACE)
 
 
-def _key_order(key: NestedKey) -> tuple:
-    # sorted by parent, then name: the leaves of one nested TensorDict are contiguous,
-    # so the fast reader takes them with one itemgetter call
-    return (key[:-1], key[-1])
+def is_slot_value(value: Any) -> bool:
+    """TensorDicts and tensorclass instances: read by key rather than as constants."""
+    return isinstance(value, TensorDictBase) or is_tensorclass(value)
 
 
-def _is_leaf_class(cls: type) -> bool:
-    # tensors and non-tensor entries (NonTensorData) are leaves; TensorDicts are nodes
-    return not issubclass(cls, TensorDictBase) or bool(getattr(cls, "_is_non_tensor", False))
+def _is_non_tensor(value: Any) -> bool:
+    return bool(getattr(type(value), "_is_non_tensor", False))
 
 
-def leaf_keys(td: TensorDictBase) -> list[NestedKey]:
-    """The keys of every leaf of ``td``, non-tensor entries included, as tuples."""
-    return [as_key(k) for k in td.keys(include_nested=True, leaves_only=True, is_leaf=_is_leaf_class)]
+def _is_node(value: Any) -> bool:
+    return isinstance(value, TensorDictBase) and not _is_non_tensor(value)
 
 
-def _td_leaf_keys(td: TensorDictBase) -> tuple[NestedKey, ...]:
-    return tuple(sorted(leaf_keys(td), key=_key_order))
+class Node:
+    """One TensorDict level of a slot, as captured.
 
-
-def _read_slow(td: TensorDictBase, key: NestedKey) -> Any:
-    value = td.get(key, MISSING)
-    if value is not MISSING and is_non_tensor(value):
-        value = td[key]  # the Python object, as the function reads it
-    return value
-
-
-def raw_node(td: TensorDict, path: tuple) -> dict:
-    """The ``_tensordict`` dict of the nested TensorDict at ``path`` (``()``: ``td``'s own).
-
-    Raises ``KeyError`` or ``AttributeError`` where the path does not lead to a dense
-    TensorDict; callers take the general path then.
-    """
-    node = td._tensordict
-    for part in path:
-        node = node[part]._tensordict
-    return node
-
-
-class _FastReader:
-    """Reads a dense TensorDict's leaves straight from its nested ``_tensordict`` dicts.
-
-    ``td.get`` costs about half a microsecond per key; this costs one dict lookup per
-    nested level and one ``itemgetter`` call per group of siblings. Built only for
-    plain ``TensorDict`` slots whose captured leaves are all tensors; any surprise
-    (a missing key, another TensorDict type inside) returns ``None`` and the caller
-    takes the general path.
+    ``entries`` lists ``(name, child)`` in the captured order, where ``child`` is the
+    index of a leaf in the slot or a nested :class:`Node`. ``exact`` nodes must hold
+    exactly these names, in this order.
     """
 
-    def __init__(self, keys: tuple[NestedKey, ...], exact: bool, node_names: dict[tuple, frozenset]):
-        groups: list[tuple[tuple, list[str]]] = []
-        for key in keys:
-            parent, name = key[:-1], key[-1]
-            if groups and groups[-1][0] == parent:
-                groups[-1][1].append(name)
+    __slots__ = ("cls", "batch_size", "names", "device", "entries", "keys", "exact", "flat", "dense")
+
+    def __init__(self, td: TensorDictBase, entries: list, exact: bool):
+        self.cls = type(td)
+        self.batch_size = td.batch_size
+        self.names = tuple(td.names) if td._has_names() else None
+        self.device = td.device
+        self.entries = tuple(entries)
+        self.keys = tuple(name for name, _ in entries)
+        self.exact = exact
+        self.flat = all(type(child) is int for _, child in entries)
+        self.dense = type(td) is TensorDict and all(
+            type(child) is int or child.dense for _, child in entries
+        )
+
+    def leaf_keys(self, prefix: NestedKey = ()) -> list[NestedKey]:
+        out = []
+        for name, child in self.entries:
+            if type(child) is int:
+                out.append(prefix + (name,))
             else:
-                groups.append((parent, [name]))
-        self.groups = [(parent, operator.itemgetter(*names), len(names) == 1) for parent, names in groups]
-        self.exact_nodes = tuple(node_names.items()) if exact else ()
-
-    def read(self, td: TensorDict) -> list | None:
-        try:
-            out: list = []
-            for parent, getter, single in self.groups:
-                node = raw_node(td, parent)
-                if single:
-                    out.append(getter(node))
-                else:
-                    out += getter(node)
-            for parent, names in self.exact_nodes:
-                if raw_node(td, parent).keys() != names:
-                    return None
-            return out
-        except (KeyError, AttributeError):
-            return None
+                out += child.leaf_keys(prefix + (name,))
+        return out
 
 
-def _node_names(td: TensorDictBase) -> dict[tuple, frozenset]:
-    """Every nested TensorDict's path mapped to the names it holds."""
-    out = {(): frozenset(td.keys())}
-    for key in td.keys(include_nested=True):
-        key = as_key(key)
-        value = td.get(key)
-        if isinstance(value, TensorDictBase):
-            out[key] = frozenset(value.keys())
+def _build_node(td: TensorDictBase, want: dict | None, counter: list, leaves: list) -> Node:
+    """The node of ``td``; ``want`` maps names to sub-wants (``None``: everything, exactly)."""
+    entries = []
+    names = td.keys() if want is None else [n for n in td.keys() if n in want]
+    for name in names:
+        value = td.get(name)
+        sub_want = None if want is None else want[name]
+        if _is_node(value):
+            entries.append((name, _build_node(value, sub_want, counter, leaves)))
+        else:
+            entries.append((name, counter[0]))
+            counter[0] += 1
+            leaves.append(td[name] if _is_non_tensor(value) else value)
+    return Node(td, entries, exact=want is None)
+
+
+def _key_tree(keys: list[NestedKey]) -> dict:
+    """``[("a", "b"), ("c",)]`` → ``{"a": {"b": None}, "c": None}`` (``None``: read all of it)."""
+    tree: dict = {}
+    for key in keys:
+        node = tree
+        for part in key[:-1]:
+            child = node.setdefault(part, {})
+            if child is None:  # an ancestor is read whole already
+                break
+            node = child
+        else:
+            node[key[-1]] = None
+    return tree
+
+
+def _missing(td: TensorDictBase, want: dict, prefix: NestedKey = ()) -> list[NestedKey]:
+    out = []
+    for name, sub in want.items():
+        value = td.get(name, MISSING)
+        if value is MISSING:
+            out.append(prefix + (name,))
+        elif sub is not None:
+            out += _missing(value, sub, prefix + (name,)) if _is_node(value) else [prefix + (name,)]
     return out
 
 
-@dataclass(frozen=True)
-class TensorDictSlot:
-    """One TensorDict among the optree leaves, and the keys read from it."""
+class Slot:
+    """A TensorDict (or tensorclass) among the call's optree leaves, and how to read it."""
 
-    position: int  # index among the optree leaves
-    td_type: type
-    batch_size: torch.Size
-    keys: tuple[NestedKey, ...]
-    exact: bool  # the key set must match (else: extra keys are ignored)
-    reader: _FastReader | None = None
+    def __init__(self, position: int, path: tuple, obj: Any, keys: list[NestedKey] | None):
+        self.position = position
+        self.path = path
+        self.cls = type(obj)
+        self.is_tc = is_tensorclass(obj)
+        td = obj._tensordict if self.is_tc else obj
+        self.tc_extra = dict(obj._non_tensordict) if self.is_tc else None
+        self.exact = keys is None
+        self.want = None if keys is None else _key_tree(keys)
+        self.missing = [] if keys is None else _missing(td, self.want)
+        leaves: list = []
+        self.root = _build_node(td, self.want, [0], leaves) if not self.missing else None
+        self.captured = leaves
+        self.keys = tuple(self.root.leaf_keys()) if self.root is not None else ()
+        self.has_non_tensor = any(not isinstance(v, torch.Tensor) for v in leaves)
+        self.batch_size = td.batch_size
+        fast = self.root is not None and self.root.dense and not self.has_non_tensor and not self.is_tc
+        self.read: Callable[[Any], list | None] = self._read_fast if fast else self._read_general
 
-    def read(self, td: TensorDictBase) -> list | None:
-        """The leaves at ``keys``, or ``None`` if the TensorDict does not fit the slot."""
-        if type(td) is not self.td_type or td.batch_size != self.batch_size:
+    # -- readers: a list of leaves, or None when the value does not fit ------------------
+    def _read_fast(self, td: Any) -> list | None:
+        if type(td) is not TensorDict or td.batch_size != self.batch_size:
             return None
-        if self.reader is not None:
-            values = self.reader.read(td)
-            if values is not None:
-                return values
-        if self.exact and _td_leaf_keys(td) != self.keys:
+        out: list = []
+        try:
+            ok = _read_dense(self.root, td, out, top=True)
+        except KeyError:
             return None
-        values = [_read_slow(td, key) for key in self.keys]
-        if any(value is MISSING for value in values):
+        return out if ok else None
+
+    def _read_general(self, obj: Any) -> list | None:
+        if type(obj) is not self.cls:
             return None
-        return values
+        if self.is_tc:
+            if dict(obj._non_tensordict) != self.tc_extra:
+                return None
+            obj = obj._tensordict
+        if obj.batch_size != self.batch_size:
+            return None
+        out: list = []
+        try:
+            ok = _read_any(self.root, obj, out)
+        except (KeyError, RuntimeError):  # a missing key, or an entry that cannot be read
+            return None
+        return out if ok else None
+
+    def td_of(self, obj: Any) -> TensorDictBase:
+        return obj._tensordict if self.is_tc else obj
+
+
+def _read_dense(node: Node, td: TensorDict, out: list, top: bool = False) -> bool:
+    if not top and td.batch_size != node.batch_size:
+        return False
+    d = td._tensordict
+    if node.exact:
+        if tuple(d) != node.keys:
+            return False
+        if node.flat:
+            out.extend(d.values())
+            return True
+        values = d.values()
+    else:
+        values = [d[name] for name in node.keys]
+    for (_, child), value in zip(node.entries, values):
+        if type(child) is int:
+            out.append(value)
+        elif type(value) is not TensorDict or not _read_dense(child, value, out):
+            return False
+    return True
+
+
+def _read_any(node: Node, td: TensorDictBase, out: list) -> bool:
+    if node.exact and tuple(td.keys()) != node.keys:
+        return False
+    for name, child in node.entries:
+        value = td.get(name)
+        if type(child) is int:
+            out.append(td[name] if _is_non_tensor(value) else value)
+        elif not _is_node(value) or value.batch_size != child.batch_size:
+            return False
+        elif not _read_any(child, value, out):
+            return False
+    return True
 
 
 class Layout:
     """The structure of a call's inputs, fixed at capture.
 
-    ``leaves(tree)`` returns the flat leaves of a later call in the captured order,
-    or ``None`` when the structure differs; ``diff(tree)`` then says how.
+    ``leaves(tree)`` returns the flat leaves of a later call in the captured order and
+    its slot values by position, or ``None`` when the structure differs.
     """
 
-    def __init__(self, treespec: Any, slots: tuple[TensorDictSlot, ...], paths: list[tuple], outer: list):
+    def __init__(self, treespec: Any, slots: tuple[Slot, ...], paths: list[tuple], outer: list):
         self.treespec = treespec
         self.slots = slots
-        self.paths = paths  # the optree path of each outer leaf
-        self.described = [describe(leaf) for leaf in outer]  # for "missing" messages
-        self._slot_at = {slot.position: slot for slot in slots}
+        self.paths = paths
+        self.outer = outer  # the captured optree leaves (for messages)
+        self.slot_at = {slot.position: slot for slot in slots}
 
     @classmethod
-    def capture(cls, tree: Any, by_key: dict[int, Sequence[NestedKey] | None] | None = None):
-        """The layout of ``tree`` and its leaves.
-
-        ``by_key`` maps the position of a TensorDict among the optree leaves to the
-        keys to read from it (``None``: the keys it has now); those TensorDicts
-        ignore extra keys later. Every other TensorDict is read exactly.
-        """
-        by_key = by_key or {}
-        paths, outer, treespec = optree.tree_flatten_with_path(tree)
+    def capture(cls, tree: Any, by_key: dict[tuple, list[NestedKey] | None]) -> "Layout":
+        """The layout of ``tree``. ``by_key`` maps the optree path of a TensorDict to the
+        keys read from it (``None``: every key it has now); other TensorDicts are exact."""
+        paths, outer, treespec = flatten_with_path(tree)
         slots = []
-        for position, leaf in enumerate(outer):
-            if isinstance(leaf, TensorDictBase):
-                if position in by_key:
-                    keys = by_key[position]
-                    keys = _td_leaf_keys(leaf) if keys is None else _expand_keys(leaf, keys)
-                    exact = False
-                else:
-                    keys, exact = _td_leaf_keys(leaf), True
-                reader = None
-                if type(leaf) is TensorDict:
-                    values = [_read_slow(leaf, key) for key in keys]
-                    if all(isinstance(v, torch.Tensor) for v in values):
-                        reader = _FastReader(keys, exact, _node_names(leaf))
-                slots.append(
-                    TensorDictSlot(position, type(leaf), leaf.batch_size, keys, exact, reader)
-                )
-        layout = cls(treespec, tuple(slots), paths, outer)
-        split = layout.leaves(tree)
-        if split is None:  # a by-key TensorDict lacks one of the keys asked for
-            return layout, None
-        return layout, split
+        for position, (path, leaf) in enumerate(zip(paths, outer)):
+            if is_slot_value(leaf):
+                path = tuple(path)
+                keys = by_key.get(path, MISSING) if not is_tensorclass(leaf) else MISSING
+                if keys is MISSING:
+                    keys = None
+                elif keys is None:
+                    keys = [as_key(k) for k in leaf.keys(include_nested=True, leaves_only=True)]
+                    keys = keys or []
+                slots.append(Slot(position, path, leaf, keys))
+        return cls(treespec, tuple(slots), [tuple(p) for p in paths], outer)
 
-    def leaf_paths(self, arg_names: Sequence[str] = ()) -> list[str]:
-        """A printable path for each flat leaf."""
-        out = []
-        for position, path in enumerate(self.paths):
-            text = format_path(path, arg_names)
-            slot = self._slot_at.get(position)
-            if slot is None:
-                out.append(text)
-            else:
-                out += [f"{text}[{format_key(key)}]" for key in slot.keys]
-        return out
+    @property
+    def missing(self) -> list[tuple[Slot, NestedKey]]:
+        return [(slot, key) for slot in self.slots for key in slot.missing]
 
-    def leaves(self, tree: Any) -> tuple[list, dict[int, TensorDictBase]] | None:
-        """The flat leaves of ``tree`` and its TensorDicts by position, or ``None``."""
-        outer, treespec = optree.tree_flatten(tree)
+    def leaves(self, tree: Any) -> tuple[list, dict[int, Any]] | None:
+        outer, treespec = flatten(tree)
         if treespec != self.treespec:
             return None
         if not self.slots:
             return outer, NO_TDS
         flat: list = []
-        tds: dict[int, TensorDictBase] = {}
+        objs: dict[int, Any] = {}
         start = 0
         for slot in self.slots:
-            flat += outer[start : slot.position]
-            start = slot.position + 1
-            td = outer[slot.position]
-            values = slot.read(td) if isinstance(td, TensorDictBase) else None
+            position = slot.position
+            flat += outer[start:position]
+            start = position + 1
+            obj = outer[position]
+            values = slot.read(obj)
             if values is None:
                 return None
             flat += values
-            tds[slot.position] = td
+            objs[position] = obj
         flat += outer[start:]
-        return flat, tds
+        return flat, objs
 
-    def loose_leaves(self, tree: Any, arg_names: Sequence[str] = ()) -> tuple[list, list[Mismatch]] | None:
-        """For a message: the leaves (``MISSING`` where absent) and TensorDict-level mismatches.
-
-        ``None`` when the containers themselves differ (see :meth:`diff`).
-        """
-        outer, treespec = optree.tree_flatten(tree)
-        if treespec != self.treespec:
-            return None
-        flat: list = []
-        found: list[Mismatch] = []
-        for position, leaf in enumerate(outer):
-            slot = self._slot_at.get(position)
+    def leaf_paths(self) -> list[tuple]:
+        """The path of each flat leaf: the optree path, plus the key inside a slot."""
+        out = []
+        for position, path in enumerate(self.paths):
+            slot = self.slot_at.get(position)
             if slot is None:
-                flat.append(leaf)
-                continue
-            text = format_path(self.paths[position], arg_names)
-            if not isinstance(leaf, TensorDictBase):
-                found.append(Mismatch(text, "type", f"a {slot.td_type.__name__}", describe(leaf)))
-                flat += [MISSING] * len(slot.keys)
-                continue
-            found += _diff_td(slot, leaf, text)
-            flat += [_read_slow(leaf, key) for key in slot.keys]
-        return flat, found
-
-    def diff(self, tree: Any, arg_names: Sequence[str] = ()) -> list[Mismatch]:
-        """How the containers of ``tree`` differ from the captured ones."""
-        paths, outer, treespec = optree.tree_flatten_with_path(tree)
-        by_path = dict(zip(map(tuple, paths), outer))
-        captured = {tuple(path): position for position, path in enumerate(self.paths)}
-        found: list[Mismatch] = []
-        for path, position in captured.items():
-            text = format_path(path, arg_names)
-            if path not in by_path:
-                found.append(Mismatch(text, "missing", self.described[position], "nothing"))
-                continue
-            value, slot = by_path[path], self._slot_at.get(position)
-            if slot is None and isinstance(value, TensorDictBase):
-                found.append(Mismatch(text, "type", self.described[position], describe(value)))
-            elif slot is not None and not isinstance(value, TensorDictBase):
-                found.append(Mismatch(text, "type", f"a {slot.td_type.__name__}", describe(value)))
-            elif slot is not None:
-                found += _diff_td(slot, value, text)
-        for path, value in by_path.items():
-            if path not in captured:
-                found.append(Mismatch(format_path(path, arg_names), "extra", "", describe(value)))
-        if not found and treespec != self.treespec:
-            found.append(
-                Mismatch("inputs", "structure", _spec_text(self.treespec), _spec_text(treespec))
-            )
-        return found
+                out.append((path, None))
+            else:
+                out += [(path, key) for key in slot.keys]
+        return out
 
 
-NO_TDS: dict = {}  # a call without TensorDicts (shared, never written)
-
-
-def _spec_text(treespec: Any) -> str:
-    text = str(treespec)
-    return text[len("PyTreeSpec(") : -1] if text.startswith("PyTreeSpec(") else text
-
-
-def _expand_keys(td: TensorDictBase, keys: Sequence[Any]) -> tuple[NestedKey, ...]:
-    """The leaf keys under ``keys`` (a key may name a nested TensorDict); missing keys stay."""
-    out = []
-    for key in map(as_key, keys):
-        value = td.get(key, None)
-        if isinstance(value, TensorDictBase):
-            out += [key + sub for sub in _td_leaf_keys(value)]
-        else:
-            out.append(key)
-    return tuple(sorted(set(out), key=_key_order))
-
-
-def _diff_td(slot: TensorDictSlot, td: TensorDictBase, text: str) -> list[Mismatch]:
-    found = []
-    if type(td) is not slot.td_type:
-        found.append(Mismatch(text, "type", slot.td_type.__name__, type(td).__name__))
-    if td.batch_size != slot.batch_size:
-        found.append(
-            Mismatch(text, "batch_size", str(tuple(slot.batch_size)), str(tuple(td.batch_size)))
-        )
-    have = set(_td_leaf_keys(td))
-    if slot.exact:
-        for key in sorted(have - set(slot.keys)):
-            found.append(
-                Mismatch(f"{text}[{format_key(key)}]", "extra", "", describe(td.get(key)))
-            )
-    return found
-
-
-def unflatten(layout: Layout, leaves: list, tds: dict[int, TensorDictBase]) -> Any:
-    """Rebuild a tree from flat leaves, with ``tds[position]`` for each TensorDict slot."""
+def unflatten(layout: Layout, leaves: list, objs: dict[int, Any]) -> Any:
+    """Rebuild a tree from flat leaves, with ``objs[position]`` for each slot."""
     if not layout.slots:
         return optree.tree_unflatten(layout.treespec, leaves)
     outer: list = []
@@ -357,13 +307,13 @@ def unflatten(layout: Layout, leaves: list, tds: dict[int, TensorDictBase]) -> A
         count = slot.position - len(outer)
         outer += leaves[start : start + count]
         start += count + len(slot.keys)
-        outer.append(tds[slot.position])
+        outer.append(objs[slot.position])
     outer += leaves[start:]
     return optree.tree_unflatten(layout.treespec, outer)
 
 
 def slot_ranges(layout: Layout) -> dict[int, range]:
-    """For each TensorDict slot, the range of its leaves in the flat list."""
+    """For each slot, the range of its leaves in the flat list."""
     ranges, offset, outer_done = {}, 0, 0
     for slot in layout.slots:
         offset += slot.position - outer_done
@@ -373,15 +323,26 @@ def slot_ranges(layout: Layout) -> dict[int, range]:
     return ranges
 
 
+def build_td(node: Node, values: list) -> TensorDict:
+    """A new dense TensorDict of ``node``'s structure over ``values`` (indexed by leaf)."""
+    source = {}
+    for name, child in node.entries:
+        source[name] = values[child] if type(child) is int else build_td(child, values)
+    td = TensorDict._new_unsafe(source=source, batch_size=node.batch_size, device=node.device)
+    if node.names is not None:
+        td.names = list(node.names)
+    return td
+
+
 def tensor_leaves(tree: Any) -> list[torch.Tensor]:
-    """Every tensor in ``tree``, TensorDicts expanded by sorted key, in a fixed order."""
+    """Every tensor in ``tree``, TensorDicts and tensorclasses expanded, in a fixed order."""
     out: list[torch.Tensor] = []
-    for leaf in optree.tree_leaves(tree):
+    for leaf in flatten(tree)[0]:
         if isinstance(leaf, torch.Tensor):
             out.append(leaf)
-        elif isinstance(leaf, TensorDictBase):
-            for key in _td_leaf_keys(leaf):
-                value = leaf.get(key)
+        elif is_slot_value(leaf):
+            td = leaf._tensordict if is_tensorclass(leaf) else leaf
+            for value in td.values(include_nested=True, leaves_only=True):
                 if isinstance(value, torch.Tensor):
                     out.append(value)
     return out

@@ -4,18 +4,34 @@ On CPU the simulated backend reports a function that raises while it is captured
 way a CUDA capture does; the CUDA-specific recovery is in test_cuda_capture_failures.py.
 """
 
+import itertools
+
 import pytest
 import torch
 
 from graphmodule import CaptureError, GraphStateError
 
 
+class Calls:
+    """Counts calls without Python state a capture would refuse (``itertools.count``)."""
+
+    def __init__(self):
+        self._count = itertools.count()
+        self.n = 0
+
+    def __call__(self) -> int:
+        self.n = next(self._count) + 1
+        return self.n
+
+    def __len__(self) -> int:
+        return self.n
+
+
 def _failing(message):
-    calls = []
+    calls = Calls()
 
     def fn(x):
-        calls.append(1)
-        if len(calls) > 1:  # fine eagerly, fails "under capture"
+        if calls() > 1:  # fine eagerly, fails "under capture"
             raise RuntimeError(message)
         return x + 1
 
@@ -31,7 +47,6 @@ def _failing(message):
         ("operation would make the legacy stream depend on a capturing blocking stream", "cross-stream"),
         ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture", "rng-state"),
         ("CUBLAS_STATUS_NOT_INITIALIZED when calling cublasCreate(handle)", "lazy-init"),
-        ("something else entirely", "error-in-function"),
     ],
 )
 def test_cause_is_named(make, message, cause):
@@ -57,8 +72,30 @@ def test_where_points_at_the_users_line(make):
     assert "raise RuntimeError(message)" in info.value.where
 
 
+def test_the_functions_own_error_propagates_unchanged_and_the_next_call_captures(make):
+    # eagerly the call raises the same error; nothing about the capture is to blame
+    state = {"fail": True}
+
+    def fn(x):
+        if state["fail"]:
+            raise KeyError("missing entry")
+        return x + 1
+
+    g = make(fn, warmup=1)
+    state["fail"] = False
+    g(torch.zeros(1))
+    state["fail"] = True
+    with pytest.raises(KeyError, match="missing entry") as info:
+        g(torch.zeros(1))
+    assert type(info.value) is KeyError and info.value.__cause__ is None
+    assert g.state == "warmup" and g.stats.capture_failures == 0
+    state["fail"] = False
+    torch.testing.assert_close(g(torch.zeros(1)), torch.ones(1))
+    assert g.state == "captured"
+
+
 def test_failed_capture_is_not_retried(make):
-    fn, calls = _failing("boom")
+    fn, calls = _failing("CUDA error: operation not permitted when stream is capturing")
     g = make(fn, warmup=1)
     g(torch.zeros(1))
     with pytest.raises(CaptureError):
@@ -73,11 +110,10 @@ def test_failed_capture_is_not_retried(make):
 
 
 def _failing_once():
-    calls = []
+    calls = Calls()
 
     def fn(x):
-        calls.append(1)
-        if len(calls) == 2:  # the capture: warmup=1 makes it the second run
+        if calls() == 2:  # the capture: warmup=1 makes it the second run
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
         return x * 2
 

@@ -1,11 +1,13 @@
 """CudaGraphModule: construction, the state machine, the CPU fallback, introspection."""
 
+import itertools
+
 import pytest
 import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-from graphmodule import CudaGraphModule, InputMismatchError
+from graphmodule import CudaGraphModule, InputMismatchError, UnsupportedError
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -92,16 +94,36 @@ class TestStateMachine:
         assert (s.warmup_calls, s.captures, s.replays, s.eager_calls) == (2, 1, 2, 0)
 
     def test_function_runs_once_per_call(self, make):
-        calls = []
+        calls = itertools.count()
 
         def fn(x):
-            calls.append(1)
+            next(calls)
             return x
 
         g = make(fn, warmup=2)
         for _ in range(5):
             g(torch.zeros(1))
-        assert len(calls) == 5  # warmup twice, capture once, each replay once (simulated)
+        assert next(calls) == 5  # warmup twice, capture once, each replay once (simulated)
+
+    def test_python_state_changed_by_the_function_is_refused_at_capture(self, make):
+        # a replay runs no Python: the counter would stop counting after the capture
+        step = 0
+
+        def fn(x):
+            nonlocal step
+            step += 1
+            return x * step
+
+        g = make(fn, warmup=1)
+        g(torch.ones(1))
+        with pytest.raises(UnsupportedError) as info:
+            g(torch.ones(1))
+        assert str(info.value).splitlines()[0] == (
+            "CudaGraphModule(fn) cannot replay this call as a CUDA graph: the function changes "
+            "Python state, which a replay (GPU work only) would not: closure variable 'step' of "
+            "TestStateMachine.test_python_state_changed_by_the_function_is_refused_at_capture.<locals>.fn "
+            "was rebound (1 → 2)."
+        )
 
     def test_reset_goes_back_to_warmup(self, make):
         g = make(lambda x: x * 2, warmup=1)

@@ -1,4 +1,4 @@
-"""Static buffers, outputs and effects on inputs, through the simulated capture/replay.
+"""Outputs and effects on inputs, through the public API (simulated replays)."""
 
 The simulated backend runs the real buffer machinery on CPU: inputs copied into
 static buffers, outputs produced in fixed buffers that each replay overwrites.

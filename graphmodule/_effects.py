@@ -1,0 +1,127 @@
+"""What the function did to its inputs besides returning, replayed onto the caller's.
+
+Eagerly, a function's writes land on the caller's objects. A replay runs on the
+graph's own buffers and fresh containers, so what the capturing call did is found once
+and then repeated on every call's objects:
+
+- tensors written in place: the version counter moved, or the bytes changed (a write
+  through ``.data`` moves no counter); their buffers are copied back;
+- containers changed: a dict or list gained, lost or rebound entries, a TensorDict
+  gained or lost keys or changed its batch size or names. Their final content is
+  turned into recipes (see ``_outputs``) and applied to the caller's containers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ._inputs import Materialized, StaticInputs, resolve
+from ._outputs import PlanBuilder, build
+
+__all__ = ["Effects", "ContainerSnapshot"]
+
+
+def _state(obj: Any) -> Any:
+    if isinstance(obj, TensorDictBase):
+        names = tuple(obj.names) if obj._has_names() else None
+        return ("td", list(obj.items()), obj.batch_size, names)
+    if isinstance(obj, dict):
+        return ("dict", list(obj.items()))
+    if isinstance(obj, list):
+        return ("list", list(obj))
+    return None  # immutable (tuples) or a tensorclass, whose TensorDict is tracked
+
+
+def _same_items(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a, b))
+
+
+class ContainerSnapshot:
+    """The content of every container handed to the function, before it ran."""
+
+    def __init__(self, materialized: Materialized):
+        self.materialized = materialized
+        self.before = [(obj, _state(obj)) for obj in materialized.objects]
+
+    def changes(self) -> list[tuple[Any, Any, Any]]:
+        out = []
+        for obj, before in self.before:
+            if before is None:
+                continue
+            after = _state(obj)
+            kind = before[0]
+            if kind == "list":
+                changed = len(before[1]) != len(after[1]) or any(a is not b for a, b in zip(before[1], after[1]))
+            else:
+                changed = not _same_items(before[1], after[1])
+                if kind == "td":
+                    changed = changed or before[2] != after[2] or before[3] != after[3]
+            if changed:
+                out.append((obj, before, after))
+        return out
+
+
+class Effects:
+    """The effects of the capturing call, as operations on a later call's objects."""
+
+    def __init__(self, written: list[int], changes: list, materialized: Materialized, builder: PlanBuilder):
+        self.written = written
+        self.ops: list[tuple] = []
+        for obj, before, after in changes:
+            ref = materialized.refs[id(obj)]
+            kind = after[0]
+            if kind == "dict":
+                keys = [k for k, _ in after[1]]
+                self.ops.append(("dict", ref, keys, [builder.plan(v) for _, v in after[1]]))
+            elif kind == "list":
+                self.ops.append(("list", ref, [builder.plan(v) for v in after[1]]))
+            else:
+                old = dict(before[1])
+                writes = [
+                    (name, builder.plan(value) if not isinstance(value, TensorDictBase) else builder._td(value, 0))
+                    for name, value in after[1]
+                    if old.get(name, _ABSENT) is not value
+                ]
+                kept = {name for name, _ in after[1]}
+                deletes = [name for name in old if name not in kept]
+                batch_size = after[2] if after[2] != before[2] else None
+                names = after[3] if after[3] != before[3] else _ABSENT
+                self.ops.append(("td", ref, writes, deletes, batch_size, names))
+        self.any = bool(self.written or self.ops)
+
+    def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list) -> None:
+        if self.written:
+            inputs.copy_back(leaves, self.written)
+        for op in self.ops:
+            target = resolve(op[1], tree, objs)
+            kind = op[0]
+            if kind == "td":
+                _, _, writes, deletes, batch_size, names = op
+                if deletes:
+                    for name in deletes:
+                        if name in target.keys():
+                            del target[name]
+                raw = type(target) is TensorDict and not target.is_locked
+                if batch_size is not None:
+                    target.batch_size = batch_size
+                for name, recipe in writes:
+                    value = build(recipe, values, leaves, objs, tree)
+                    if raw and isinstance(value, torch.Tensor):
+                        target._tensordict[name] = value
+                    else:
+                        target.set(name, value)
+                if names is not _ABSENT:
+                    target.names = list(names) if names is not None else None
+            elif kind == "dict":
+                _, _, keys, recipes = op
+                items = [build(r, values, leaves, objs, tree) for r in recipes]
+                target.clear()
+                target.update(zip(keys, items))
+            else:
+                target[:] = [build(r, values, leaves, objs, tree) for r in op[2]]
+
+
+_ABSENT = object()

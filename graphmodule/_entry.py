@@ -1,0 +1,156 @@
+"""One captured graph as one value, and the single replay path every call takes.
+
+An :class:`Entry` holds what a capture produced: the signature calls must match
+(``spec``, ``mode``), the static input buffers, the effects on inputs, the plan of
+outputs, what the graph reads from outside its inputs (``watch``) and the runner's
+handle. The capturing call and every later call end in :meth:`Entry.finish`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._effects import Effects
+from ._errors import Mismatch
+from ._inputs import Materialized, StaticInputs, resolve, storage_base
+from ._outputs import GRAPH, REF, Plan, build, collect
+from ._paths import format_key, format_path
+from ._spec import InputSpec
+from ._stale import Watch
+
+__all__ = ["Entry"]
+
+
+class Entry:
+    """A captured graph and everything needed to replay it for a call."""
+
+    def __init__(
+        self,
+        *,
+        spec: InputSpec,
+        inputs: StaticInputs,
+        effects: Effects,
+        plan: Plan,
+        out_recipe: tuple,
+        stride_checked: set[int],
+        watch: Watch,
+        runner: Any,
+        handle: Any,
+        clone: bool,
+    ):
+        self.spec, self.mode = spec, spec.mode
+        self.inputs, self.effects, self.plan, self.out_recipe = inputs, effects, plan, out_recipe
+        self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
+        self.stride_checked = sorted(stride_checked)
+        self.stride_facts = [inputs.leaves[i].stride() for i in self.stride_checked]
+        # inputs aliasing each other matter when the graph writes into inputs, or was
+        # captured with aliasing (it copies each aliasing group once)
+        self.check_alias = inputs.aliased or bool(effects.written)
+        self.extra_checks = self.check_alias or bool(self.stride_checked)
+        self.single = (
+            out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
+        )
+        self.returns_ref = out_recipe[0] == REF
+
+    # -- the replay path -----------------------------------------------------------------
+    def extra_ok(self, leaves: Any) -> bool:
+        """Aliasing and strides, where the replay depends on them (usually nothing to do)."""
+        if not self.extra_checks:
+            return True
+        return not self.extra_mismatches(leaves)
+
+    def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
+        self.inputs.copy_from(leaves)
+        self.runner.replay(self.handle)
+        if self.single:
+            out = self.plan.graph[0]
+            return out.clone() if self.clone else out
+        return self.finish(leaves, objs, tree)
+
+    def finish(self, leaves: Any, objs: dict, tree: Any) -> Any:
+        values = self.plan.values(self.clone)
+        if self.effects.any:
+            self.effects.apply(self.inputs, leaves, objs, tree, values)
+        return build(self.out_recipe, values, leaves, objs, tree)
+
+    def release(self) -> None:
+        self.runner.release(self.handle)
+        self.handle = None
+
+    # -- cold ----------------------------------------------------------------------------
+    def extra_mismatches(self, leaves: Any, paths: list[str] | None = None) -> list[Mismatch]:
+        found = []
+        name = (lambda i: paths[i]) if paths is not None else (lambda i: f"input leaf {i}")
+        for i, stride in zip(self.stride_checked, self.stride_facts):
+            if leaves[i].stride() != stride:
+                found.append(Mismatch(name(i), "stride", str(stride), str(leaves[i].stride())))
+        if self.check_alias:
+            found += self._alias_mismatches(leaves, name)
+        return found
+
+    def _alias_mismatches(self, leaves: Any, name) -> list[Mismatch]:
+        inputs = self.inputs
+        first_at: dict[tuple, int] = {}
+        found = []
+        for i in inputs.tensor_index:
+            t = leaves[i]
+            key = (t.device, storage_base(t)) if t.numel() else ("empty", i)
+            group = first_at.setdefault(key, i)
+            captured = inputs.pattern[i]
+            if group != captured:
+                expected = "its own memory" if captured == i else f"the memory of {name(captured)}"
+                got = "its own memory" if group == i else f"the memory of {name(group)}"
+                found.append(Mismatch(name(i), "alias", expected, got))
+            elif group != i:
+                # same group as captured: views must sit at the same place
+                base, mine = leaves[group], inputs.leaves[group]
+                offset = t.data_ptr() - base.data_ptr()
+                captured_offset = inputs.leaves[i].data_ptr() - mine.data_ptr()
+                if offset != captured_offset or t.stride() != inputs.leaves[i].stride():
+                    found.append(Mismatch(name(i), "alias", f"a view at byte offset {captured_offset} "
+                                          f"of {name(group)}", f"byte offset {offset}"))
+        return found
+
+    def make_refresh(self, rerun) -> Any:
+        """For a simulated graph: re-run the function and update the static results."""
+        graph = self.plan.graph
+
+        def refresh() -> None:
+            out, mat = rerun()
+            found: dict[int, torch.Tensor] = {}
+            collect(self.out_recipe, out, found)
+            for op in self.effects.ops:
+                target = resolve(op[1], mat.tree, mat.slot_objs)
+                if op[0] == "td":
+                    for name, recipe in op[2]:
+                        collect(recipe, target.get(name), found)
+                elif op[0] == "dict":
+                    for key, recipe in zip(op[2], op[3]):
+                        collect(recipe, target[key], found)
+                else:
+                    for value, recipe in zip(target, op[2]):
+                        collect(recipe, value, found)
+            pairs = [(graph[j], t) for j, t in found.items() if graph[j] is not t]
+            if pairs:
+                with torch.no_grad():
+                    torch._foreach_copy_([s for s, _ in pairs], [t.detach() for _, t in pairs])
+
+        return refresh
+
+
+def rerun_body(module: Any, inputs: StaticInputs):
+    """A fresh run of ``module`` on the buffers, with fresh containers (simulated replays)."""
+
+    def rerun():
+        mat = Materialized(inputs)
+        args, kwargs = mat.tree
+        return module(*args, **kwargs), mat
+
+    return rerun
+
+
+def slot_text(path: tuple, key: tuple | None, arg_names) -> str:
+    text = format_path(path, arg_names)
+    return text if key is None else f"{text}[{format_key(key)}]"

@@ -1,0 +1,201 @@
+"""Why a call does not match its capture: the cold path, run only after ``match`` failed.
+
+Walks the call next to the captured :class:`~graphmodule._spec.InputSpec` and lists
+every difference at once, each with its key path (``kwargs['obs']``,
+``tensordict['agent', 'obs']``). A test keeps this walk and the fast ``match`` in
+agreement: a call ``match`` refuses has at least one mismatch here, and a call it
+accepts has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from tensordict import TensorDictBase, is_tensorclass
+
+from ._errors import Mismatch
+from ._paths import describe, format_key, format_path
+from ._spec import InputSpec, facts, same_constant
+from ._tree import MISSING, Node, Slot, _is_node, _is_non_tensor, flatten_with_path, is_slot_value
+
+__all__ = ["explain_mismatches", "describe_facts", "describe_spec"]
+
+
+def describe_facts(f: tuple) -> str:
+    shape, dtype, device, _, layout = f
+    extra = "" if layout is torch.strided else f", {layout}"
+    return f"a tensor of shape {tuple(shape)}, {dtype} on {device}{extra}"
+
+
+def _leaf_path_texts(spec: InputSpec, arg_names: Sequence[str]) -> list[str]:
+    out = []
+    for path, key in spec.layout.leaf_paths():
+        text = format_path(path, arg_names)
+        out.append(text if key is None else f"{text}[{format_key(key)}]")
+    return out
+
+
+def describe_spec(spec: InputSpec, arg_names: Sequence[str] = ()) -> str:
+    """The captured signature, one input per line."""
+    facts_at = dict(zip(spec.tensor_index, spec.facts))
+    consts_at = dict(zip(spec.const_index, spec.constants))
+    lines = []
+    for i, text in enumerate(_leaf_path_texts(spec, arg_names)):
+        if i in facts_at:
+            lines.append(f"{text}: {describe_facts(facts_at[i])}")
+        else:
+            lines.append(f"{text}: constant {describe(consts_at[i])}")
+    return "\n".join(lines)
+
+
+def _order_mismatches(captured: list[tuple], got: list[tuple], arg_names) -> list[Mismatch]:
+    """Containers holding the same keys in another order (a dict iterated by the function)."""
+    def children(paths):
+        out: dict[tuple, list] = {}
+        for path in paths:
+            for depth in range(1, len(path)):
+                parent, child = path[:depth], path[depth]
+                names = out.setdefault(parent, [])
+                if child not in names:
+                    names.append(child)
+        return out
+
+    want, have = children(captured), children(got)
+    found = []
+    for parent, names in want.items():
+        other = have.get(parent)
+        if other is not None and set(other) == set(names) and other != names:
+            found.append(Mismatch(format_path(parent, arg_names), "order", repr(names), repr(other)))
+    return found
+
+
+def _structure(spec: InputSpec, tree: Any, arg_names) -> tuple[dict, list[Mismatch]]:
+    """The call's optree leaves by path, and the container-level mismatches."""
+    layout = spec.layout
+    paths, outer, treespec = flatten_with_path(tree)
+    by_path = dict(zip(map(tuple, paths), outer))
+    captured = {path: position for position, path in enumerate(layout.paths)}
+    found: list[Mismatch] = []
+    for path, position in captured.items():
+        if path not in by_path:
+            found.append(Mismatch(format_path(path, arg_names), "missing", describe(layout.outer[position]), "nothing"))
+    for path, value in by_path.items():
+        if path not in captured:
+            found.append(Mismatch(format_path(path, arg_names), "extra", "", describe(value)))
+    if not found:
+        found += _order_mismatches(layout.paths, [tuple(p) for p in paths], arg_names)
+    if not found and treespec != layout.treespec:
+        found.append(Mismatch("inputs", "structure", _spec_text(layout.treespec), _spec_text(treespec)))
+    return by_path, found
+
+
+def _spec_text(treespec: Any) -> str:
+    text = str(treespec)
+    if text.startswith("PyTreeSpec("):
+        text = text[len("PyTreeSpec(") : -1]
+    return text.replace(", namespace='graphmodule'", "")
+
+
+def _node_values(node: Node, td: TensorDictBase, text: str, prefix: tuple, found: list, out: list) -> None:
+    """Append the values at ``node``'s leaves (``MISSING`` where absent) and note differences."""
+    here = f"{text}[{format_key(prefix)}]" if prefix else text
+    if prefix and td.batch_size != node.batch_size:
+        found.append(Mismatch(here, "batch_size", str(tuple(node.batch_size)), str(tuple(td.batch_size))))
+    names = list(td.keys())
+    if node.exact:
+        extra = [name for name in names if name not in node.keys]
+        for name in extra:
+            found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", "extra", "", describe(td.get(name))))
+        if not extra and set(names) == set(node.keys) and tuple(names) != node.keys:
+            found.append(Mismatch(here, "order", repr(list(node.keys)), repr(names)))
+        for name in node.keys:
+            child = dict(node.entries)[name]
+            if name not in names and type(child) is not int and not child.leaf_keys():
+                found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", "missing", "an empty TensorDict", "nothing"))
+    for name, child in node.entries:
+        value = td.get(name, MISSING)
+        if type(child) is int:
+            if value is not MISSING and _is_non_tensor(value):
+                value = td[name]
+            out.append(value)
+        elif value is MISSING or not _is_node(value):
+            if value is not MISSING:
+                found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", "type", "a TensorDict", describe(value)))
+            out += [MISSING] * len(child.leaf_keys())
+        else:
+            _node_values(child, value, text, prefix + (name,), found, out)
+
+
+def _slot_values(slot: Slot, obj: Any, text: str) -> tuple[list, list[Mismatch]]:
+    found: list[Mismatch] = []
+    if not is_slot_value(obj):
+        found.append(Mismatch(text, "type", f"a {slot.cls.__name__}", describe(obj)))
+        return [MISSING] * len(slot.keys), found
+    if type(obj) is not slot.cls:
+        found.append(Mismatch(text, "type", slot.cls.__name__, type(obj).__name__))
+    if is_tensorclass(obj) and slot.is_tc and dict(obj._non_tensordict) != slot.tc_extra:
+        found.append(Mismatch(text, "value", repr(slot.tc_extra), repr(dict(obj._non_tensordict))))
+    td = obj._tensordict if is_tensorclass(obj) else obj
+    if td.batch_size != slot.batch_size:
+        found.append(Mismatch(text, "batch_size", str(tuple(slot.batch_size)), str(tuple(td.batch_size))))
+    out: list = []
+    _node_values(slot.root, td, text, (), found, out)
+    return out, found
+
+
+def _tensor_mismatches(path: str, f: tuple, leaf: Any) -> list[Mismatch]:
+    if not isinstance(leaf, torch.Tensor):
+        return [Mismatch(path, "type", "a tensor", describe(leaf))]
+    shape, dtype, device, requires_grad, layout = f
+    found = []
+    if leaf.shape != shape:
+        found.append(Mismatch(path, "shape", str(tuple(shape)), str(tuple(leaf.shape))))
+    if leaf.dtype != dtype:
+        found.append(Mismatch(path, "dtype", str(dtype), str(leaf.dtype)))
+    if leaf.device != device:
+        found.append(Mismatch(path, "device", str(device), str(leaf.device)))
+    if leaf.layout != layout:
+        found.append(Mismatch(path, "layout", str(layout), str(leaf.layout)))
+    if leaf.requires_grad != requires_grad:
+        found.append(Mismatch(path, "requires_grad", str(requires_grad), str(leaf.requires_grad)))
+    return found
+
+
+def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()) -> list[Mismatch]:
+    """Every difference between the call ``tree`` (``(args, kwargs)``) and the capture."""
+    by_path, found = _structure(spec, tree, arg_names)
+    layout = spec.layout
+    leaves: list = []
+    for position, path in enumerate(layout.paths):
+        value = by_path.get(path, MISSING)
+        slot = layout.slot_at.get(position)
+        if slot is None:
+            if value is not MISSING and is_slot_value(value):
+                found.append(Mismatch(format_path(path, arg_names), "type", describe(layout.outer[position]), describe(value)))
+                value = MISSING
+            leaves.append(value)
+        elif value is MISSING:
+            leaves += [MISSING] * len(slot.keys)
+        else:
+            values, slot_found = _slot_values(slot, value, format_path(path, arg_names))
+            found += slot_found
+            leaves += values
+    facts_at = dict(zip(spec.tensor_index, spec.facts))
+    consts_at = dict(zip(spec.const_index, spec.constants))
+    for i, (leaf, text) in enumerate(zip(leaves, _leaf_path_texts(spec, arg_names))):
+        if leaf is MISSING:
+            if any(m.path == text for m in found) or _under_missing(text, found):
+                continue
+            expected = describe_facts(facts_at[i]) if i in facts_at else describe(consts_at[i])
+            found.append(Mismatch(text, "missing", expected, "nothing"))
+        elif i in facts_at:
+            found += _tensor_mismatches(text, facts_at[i], leaf)
+        elif not same_constant(leaf, consts_at[i]):
+            kind = "type" if isinstance(leaf, torch.Tensor) or type(leaf) is not type(consts_at[i]) else "value"
+            found.append(Mismatch(text, kind, describe(consts_at[i]), describe(leaf)))
+    return found
+
+
+def _under_missing(text: str, found: list[Mismatch]) -> bool:
+    return any(m.kind in ("missing", "type") and text.startswith(m.path + "[") for m in found)

@@ -1,0 +1,271 @@
+"""The graph's static inputs: buffers the replay copies each call's tensors into.
+
+Buffers mirror the capturing call's aliasing, so that the function sees at capture
+what it would see eagerly: a tensor passed twice is one buffer passed twice, and views
+of one tensor (``g(x, x[1:])``) are views of one buffer, at the same relative offsets.
+Every replay then copies each aliasing group once: one ``torch._foreach_copy_`` for
+the plain buffers, one byte copy per group of views.
+
+The function is handed the input tree over the buffers with fresh containers (dicts,
+lists, TensorDicts); :class:`Materialized` remembers where each of those objects sits
+in the call, so that effects on them and returned ones can be mapped back onto the
+caller's own objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, is_tensorclass
+
+from ._tree import Layout, Node, build_td, slot_ranges, unflatten
+
+__all__ = ["StaticInputs", "Materialized", "storage_base"]
+
+Tensor = torch.Tensor
+_CONTAINERS = (dict, list, tuple)
+
+
+def storage_base(t: Tensor) -> int:
+    """The address of ``t``'s storage (equal for tensors sharing memory)."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+def _extent(t: Tensor) -> tuple[int, int]:
+    """The bytes of ``t``'s storage that ``t`` spans: ``(start, end)``."""
+    start = t.storage_offset() * t.element_size()
+    if t.numel() == 0:
+        return start, start
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def _byte_view(storage: Any, offset: int, nbytes: int, device: torch.device) -> Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, offset, (nbytes,), (1,))
+
+
+class _Span:
+    """A group of input leaves that are views of one storage: one byte buffer for all."""
+
+    __slots__ = ("rep", "rep_start", "base", "nbytes", "flat", "device")
+
+    def __init__(self, members: list[tuple[int, Tensor]]):
+        extents = [_extent(t) for _, t in members]
+        self.base = min(start for start, _ in extents)
+        self.nbytes = max(end for _, end in extents) - self.base
+        self.rep, rep_tensor = members[0]
+        self.rep_start = extents[0][0]
+        self.device = rep_tensor.device
+        self.flat = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        self.flat.copy_(self.source(rep_tensor))
+
+    def source(self, rep: Tensor) -> Tensor:
+        """The caller's bytes this span copies, located from its representative leaf."""
+        offset = rep.storage_offset() * rep.element_size() - (self.rep_start - self.base)
+        return _byte_view(rep.untyped_storage(), offset, self.nbytes, self.device)
+
+    def view(self, t: Tensor) -> Tensor:
+        start, _ = _extent(t)
+        rel = start - self.base
+        if rel % t.element_size():
+            raise ValueError("misaligned view")
+        out = torch.empty(0, dtype=t.dtype, device=self.device)
+        return out.set_(self.flat.untyped_storage(), rel // t.element_size(), t.shape, t.stride())
+
+
+class StaticInputs:
+    """Buffers for the capturing call's tensor leaves, aliased as the call's leaves are.
+
+    Attributes:
+        leaves: the buffers at tensor positions, the captured constants elsewhere.
+        aliased: whether any two tensor leaves shared memory at capture.
+    """
+
+    def __init__(self, layout: Layout, leaves: list):
+        self.layout = layout
+        self.ranges = slot_ranges(layout)
+        self.leaves = list(leaves)
+        self.tensor_index = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
+        groups: dict[tuple, list[tuple[int, Tensor]]] = {}
+        for i in self.tensor_index:
+            t = leaves[i]
+            key = (t.device, storage_base(t)) if t.numel() else ("empty", i)
+            groups.setdefault(key, []).append((i, t))
+        self.spans: list[_Span] = []
+        copy_dests, copy_srcs = [], []
+        # per tensor leaf: the index of its group's first leaf (the alias pattern)
+        self.pattern: dict[int, int] = {}
+        with torch.no_grad():
+            for members in groups.values():
+                first = members[0][0]
+                made: dict[int, Tensor] = {}
+                distinct = {id(t) for _, t in members}
+                if len(distinct) == 1:
+                    buffer = members[0][1].clone()
+                    copy_dests.append(buffer)
+                    copy_srcs.append(first)
+                    for i, _ in members:
+                        self.leaves[i] = buffer
+                else:
+                    span = _Span(members)
+                    self.spans.append(span)
+                    for i, t in members:
+                        if id(t) not in made:
+                            made[id(t)] = span.view(t)
+                        self.leaves[i] = made[id(t)]
+                for i, _ in members:
+                    self.pattern[i] = first
+        self.aliased = any(len(m) > 1 for m in groups.values())
+        self.copy_dests = copy_dests
+        self.copy_srcs = copy_srcs
+        self.identity_copy = copy_srcs == self.tensor_index and not self.spans
+        self.all_tensors = len(self.tensor_index) == len(self.leaves)
+        self.buffers = [self.leaves[i] for i in self.tensor_index]
+
+    def copy_from(self, leaves: Any) -> None:
+        """Copy a call's tensor leaves into the buffers (one foreach launch, plus spans)."""
+        if self.identity_copy:
+            sources = leaves if self.all_tensors else [leaves[i] for i in self.tensor_index]
+        else:
+            sources = [leaves[i] for i in self.copy_srcs]
+        dests = self.copy_dests
+        if dests:
+            same = [d is s for d, s in zip(dests, sources)]
+            if any(same):  # a producer wrote straight into a buffer: nothing to copy there
+                pairs = [(d, s) for d, s, skip in zip(dests, sources, same) if not skip]
+                dests, sources = [d for d, _ in pairs], [s for _, s in pairs]
+            if dests:
+                torch._foreach_copy_(dests, sources)
+        for span in self.spans:
+            span.flat.copy_(span.source(leaves[span.rep]))
+
+    def copy_back(self, leaves: Any, indices: list[int]) -> None:
+        """Copy the buffers at ``indices`` back into the call's leaves (writes the function made)."""
+        dests, sources = [], []
+        spans_done = set()
+        for i in indices:
+            span = self._span_of(i)
+            if span is not None:
+                if id(span) not in spans_done:
+                    spans_done.add(id(span))
+                    span.source(leaves[span.rep]).copy_(span.flat)
+                continue
+            if leaves[i] is not self.leaves[i]:
+                dests.append(leaves[i])
+                sources.append(self.leaves[i])
+        if dests:
+            torch._foreach_copy_(dests, sources)
+
+    def _span_of(self, i: int) -> _Span | None:
+        for span in self.spans:
+            if self.pattern[i] == span.rep:
+                return span
+        return None
+
+    def versions(self) -> list[int | None]:
+        out = []
+        for t in self.buffers:
+            try:
+                out.append(t._version)
+            except RuntimeError:  # inference tensors have no version counter
+                out.append(None)
+        return out
+
+    def snapshot(self) -> list[Tensor]:
+        """Copies of the buffers' bytes, to find writes no version counter saw (``.data``)."""
+        with torch.no_grad():
+            return [_bytes(t).clone() for t in self.buffers]
+
+    def written(self, versions: list, snapshot: list[Tensor]) -> list[int]:
+        """The leaf indices whose buffers the function wrote."""
+        out = []
+        after = self.versions()
+        for j, i in enumerate(self.tensor_index):
+            moved = versions[j] is None or after[j] != versions[j]
+            if moved or not torch.equal(_bytes(self.buffers[j]), snapshot[j]):
+                out.append(i)
+        return out
+
+
+def _bytes(t: Tensor) -> Tensor:
+    storage = t.untyped_storage()
+    start, end = _extent(t)
+    return _byte_view(storage, start, end - start, t.device)
+
+
+class Materialized:
+    """The input tree handed to the function at capture, and where each object in it sits.
+
+    ``refs`` maps ``id(obj)`` of every container, TensorDict (nested ones too) and
+    tensorclass handed to the function to its place in the call: ``("tree", path)``
+    (a path into ``(args, kwargs)``) or ``("slot", position, key)`` (a nested key of
+    the TensorDict at that slot). The objects are kept alive here, so ids stay valid.
+    """
+
+    def __init__(self, inputs: StaticInputs):
+        layout = inputs.layout
+        self.slot_objs: dict[int, Any] = {}
+        for slot in layout.slots:
+            values = [inputs.leaves[i] for i in inputs.ranges[slot.position]]
+            td = build_td(slot.root, values)
+            obj = slot.cls._from_tensordict(td, non_tensordict=dict(slot.tc_extra)) if slot.is_tc else td
+            self.slot_objs[slot.position] = obj
+        self.tree = unflatten(layout, inputs.leaves, self.slot_objs)
+        self.refs: dict[int, tuple] = {}
+        self.objects: list[Any] = []  # keeps every referenced object alive
+        self._walk(self.tree, (), top=True)
+        for slot in layout.slots:
+            obj = self.slot_objs[slot.position]
+            self._register(obj, ("slot_obj", slot.position))
+            td = slot.td_of(obj)
+            self._register(td, ("slot", slot.position, ()))
+            self._walk_td(td, slot.position, ())
+        # the containers (not slots) handed to the function, with their paths
+        self.containers = [(obj, ref[1]) for obj, ref in self._pairs() if ref[0] == "tree"]
+
+    def _pairs(self):
+        return [(obj, self.refs[id(obj)]) for obj in self.objects]
+
+    def _register(self, obj: Any, ref: tuple) -> None:
+        if id(obj) not in self.refs:
+            self.refs[id(obj)] = ref
+            self.objects.append(obj)
+
+    def _walk(self, node: Any, path: tuple, top: bool = False) -> None:
+        if isinstance(node, _CONTAINERS) and not isinstance(node, TensorDictBase):
+            if not top and path:  # the (args, kwargs) pair and its two halves are Python's own
+                if len(path) > 1:
+                    self._register(node, ("tree", path))
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, child in items:
+                self._walk(child, path + (key,))
+
+    def _walk_td(self, td: TensorDictBase, position: int, prefix: tuple) -> None:
+        for name, value in td.items():
+            if isinstance(value, TensorDictBase) and not getattr(type(value), "_is_non_tensor", False):
+                key = prefix + (name,)
+                self._register(value, ("slot", position, key))
+                self._walk_td(value, position, key)
+
+
+def resolve(ref: tuple, tree: Any, slot_objs: dict[int, Any]) -> Any:
+    """The caller's object at ``ref`` (see :class:`Materialized`)."""
+    if ref[0] == "tree":
+        node = tree
+        for part in ref[1]:
+            node = node[part]
+        return node
+    if ref[0] == "slot_obj":
+        return slot_objs[ref[1]]
+    _, position, key = ref
+    obj = slot_objs[position]
+    td = obj._tensordict if is_tensorclass(obj) else obj
+    return td.get(key) if key else td
+
+
+def node_of(slot_root: Node, key: tuple) -> Node:
+    node = slot_root
+    for part in key:
+        node = dict(node.entries)[part]
+    return node

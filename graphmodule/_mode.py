@@ -1,0 +1,53 @@
+"""What a call's outcome depends on besides its inputs: the modes a graph bakes in.
+
+- grad mode: whether outputs track gradients;
+- train/eval of every module the function reaches (dropout, batch norm);
+- tensordict's interaction type (``set_interaction_type`` / torchrl's
+  ``set_exploration_type``): whether a probabilistic module samples or takes the mode.
+
+A graph captured under one mode replays that mode's branch, so the mode is part of
+the captured signature: a call under another one is refused, or gets its own graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+try:
+    from tensordict.nn.probabilistic import interaction_type as _interaction_type
+except ImportError:  # pragma: no cover - older tensordict
+    def _interaction_type() -> Any:
+        return None
+
+from ._errors import Mismatch
+
+__all__ = ["ModeReader"]
+
+_is_grad_enabled = torch.is_grad_enabled
+
+
+class ModeReader:
+    """Reads the current mode of a call to a function reaching ``modules``."""
+
+    def __init__(self, modules: Sequence[nn.Module], labels: Sequence[str]):
+        self.modules = list(modules)
+        self.labels = list(labels)
+
+    def read(self) -> tuple:
+        return (_is_grad_enabled(), _interaction_type(), tuple([m.training for m in self.modules]))
+
+    def mismatches(self, captured: tuple, now: tuple) -> list[Mismatch]:
+        found = []
+        names = {True: "enabled", False: "disabled (torch.no_grad() or inference_mode)"}
+        if captured[0] != now[0]:
+            found.append(Mismatch("torch.is_grad_enabled()", "grad_mode", names[captured[0]], names[now[0]]))
+        if captured[1] != now[1]:
+            found.append(Mismatch("interaction_type()", "interaction_type", str(captured[1]), str(now[1])))
+        modes = {True: "train mode", False: "eval mode"}
+        for label, before, after in zip(self.labels, captured[2], now[2]):
+            if before != after:
+                found.append(Mismatch(f"{label}.training", "mode", modes[before], modes[after]))
+        return found

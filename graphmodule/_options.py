@@ -1,0 +1,72 @@
+"""A wrapper's options (one frozen value) and its state (one enum value)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+__all__ = ["Options", "State"]
+
+
+class State(str, enum.Enum):
+    """Where a :class:`~graphmodule.CudaGraphModule` is in its life.
+
+    ``WARMUP → CAPTURED`` on the first call after warmup; ``EAGER`` without CUDA (or
+    after a failed capture with ``on_capture_failure="eager"``): every call runs
+    eagerly, still checked; ``FAILED`` after a failed capture: calls raise until
+    ``reset()``. Compares equal to its value (``state == "captured"``).
+    """
+
+    WARMUP = "warmup"
+    CAPTURED = "captured"
+    EAGER = "eager"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_CHOICES = {
+    "outputs": ("clone", "static"),
+    "capture_error_mode": ("thread_local", "global", "relaxed"),
+    "on_capture_failure": ("raise", "eager"),
+    "on_stale": ("raise", "recapture"),
+    "on_graph_limit": ("raise", "evict"),
+    "backend": ("auto", "cuda", "simulate", "eager"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The keyword-only options of :class:`~graphmodule.CudaGraphModule`.
+
+    See its docstring for what each does; ``repr`` of a wrapper shows those that differ
+    from these defaults.
+    """
+
+    outputs: str = "clone"
+    capture_error_mode: str = "thread_local"
+    on_capture_failure: str = "raise"
+    on_stale: str = "raise"
+    max_graphs: int = 1
+    on_graph_limit: str = "raise"
+    pool: Any = None
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                choices = ", ".join(repr(a) for a in allowed)
+                raise ValueError(f"{name} must be one of {choices} (got {value!r}).")
+        if isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int) or self.max_graphs < 1:
+            raise ValueError(f"max_graphs must be an int >= 1 (got {self.max_graphs!r}).")
+
+    def changed(self) -> list[tuple[str, Any]]:
+        """``(name, value)`` of the options that differ from their defaults, in order."""
+        return [
+            (f.name, getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not f.default and getattr(self, f.name) != f.default
+        ]

@@ -1,0 +1,326 @@
+"""How the graph's results become the objects a call hands back, as eagerly.
+
+At capture, every value the function produced (its output, and what it stored into
+its input containers) is turned into a *recipe*: a small tuple tree that says, for
+each part, where a later call takes it from:
+
+- a tensor the graph produced: from this call's copies of the graph's buffers
+  (``GRAPH``); several outputs sharing memory (the same tensor twice, views of one
+  another) share one copy, so they alias as they did;
+- one of the call's inputs (``INPUT``), a view of one (``VIEW``, rebuilt on the
+  caller's tensor so writes through it reach the caller), or a container or
+  TensorDict the caller passed (``REF``): the caller's own object;
+- a tensor the function read from outside its inputs, such as a parameter
+  (``CONST``): that same tensor;
+- containers, TensorDicts, tensorclasses, dataclasses and other objects holding
+  such tensors (a ``torch.distributions`` object): rebuilt around the parts.
+
+Building a call's result walks the recipe; the common shapes (one tensor, a tuple of
+tensors, the input TensorDict) take shortcuts.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from typing import Any
+
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensorclass
+from torch import nn
+
+from ._inputs import Materialized, StaticInputs, resolve, storage_base
+
+__all__ = ["PlanBuilder", "Plan", "build"]
+
+Tensor = torch.Tensor
+
+CONST, GRAPH, INPUT, VIEW, REF, TUPLE, LIST, DICT, NAMEDTUPLE, TD, TC, OBJECT, LAZY = range(13)
+
+_SKIP_OBJECTS = (nn.Module, torch.optim.Optimizer, types.FunctionType, types.MethodType, type, types.ModuleType)
+
+
+class Unsupported(Exception):
+    """A value the recipes cannot rebuild (message: what and why)."""
+
+
+class PlanBuilder:
+    """Turns values the function produced at capture into recipes.
+
+    Args:
+        inputs: the static input buffers (to recognise inputs and views of them).
+        materialized: the input tree handed to the function (to recognise its objects).
+        externals: ``id(t) -> t`` of tensors the function reads from outside its
+            inputs (parameters, buffers, optimizer state): returned as themselves.
+    """
+
+    def __init__(self, inputs: StaticInputs, materialized: Materialized, externals: dict[int, Tensor]):
+        self.inputs = inputs
+        self.materialized = materialized
+        self.externals = externals
+        self.external_bases = {storage_base(t) for t in externals.values() if t.numel()}
+        self.input_index: dict[int, int] = {}
+        self.input_bases: dict[int, int] = {}
+        for i in inputs.tensor_index:
+            buffer = inputs.leaves[i]
+            self.input_index.setdefault(id(buffer), i)
+            if buffer.numel():
+                self.input_bases.setdefault(storage_base(buffer), i)
+        self.graph: list[Tensor] = []  # tensors the graph produced, in recipe order
+        self._graph_index: dict[int, int] = {}
+        self.stride_checked: set[int] = set()  # inputs whose views are handed back
+
+    def plan(self, value: Any, depth: int = 0) -> tuple:
+        if depth > 32:
+            raise Unsupported("the value nests more than 32 levels deep")
+        if isinstance(value, Tensor):
+            return self._tensor(value)
+        ref = self.materialized.refs.get(id(value))
+        if ref is not None:
+            return (REF, ref)
+        if isinstance(value, TensorDictBase):
+            return self._td(value, depth)
+        if is_tensorclass(value):
+            return (TC, type(value), self._td(value._tensordict, depth), dict(value._non_tensordict))
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+            return (NAMEDTUPLE, type(value), [self.plan(v, depth + 1) for v in value])
+        if type(value) is tuple:
+            return (TUPLE, [self.plan(v, depth + 1) for v in value])
+        if type(value) is list:
+            return (LIST, [self.plan(v, depth + 1) for v in value])
+        if isinstance(value, dict) and type(value).__module__ in ("builtins", "collections"):
+            extra = getattr(value, "default_factory", None)
+            return (DICT, type(value), list(value.keys()), [self.plan(v, depth + 1) for v in value.values()], extra)
+        if self._holds_tensors(value, depth):
+            attrs = list(vars(value).items())
+            return (OBJECT, value, [(name, self.plan(v, depth + 1)) for name, v in attrs])
+        return (CONST, value)
+
+    def _tensor(self, t: Tensor) -> tuple:
+        index = self.input_index.get(id(t))
+        if index is not None:
+            return (INPUT, index)
+        if id(t) in self.externals:
+            return (CONST, t)
+        base = storage_base(t) if t.numel() else None
+        if base is not None and base in self.input_bases:
+            i = self.input_bases[base]
+            buffer = self.inputs.leaves[i]
+            if t.dtype != buffer.dtype:
+                raise Unsupported(
+                    f"an output is a view of an input with another dtype ({t.dtype} of {buffer.dtype})"
+                )
+            self.stride_checked.add(i)
+            return (VIEW, i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - buffer.storage_offset())
+        if base is not None and base in self.external_bases:
+            return (CONST, t)  # a view of a parameter: the live view
+        j = self._graph_index.get(id(t))
+        if j is None:
+            j = self._graph_index[id(t)] = len(self.graph)
+            self.graph.append(t.detach())
+        return (GRAPH, j)
+
+    def _td(self, td: TensorDictBase, depth: int) -> tuple:
+        ref = self.materialized.refs.get(id(td))
+        if ref is not None:
+            return (REF, ref)
+        if isinstance(td, LazyStackedTensorDict):
+            return (LAZY, td.stack_dim, [self._td(sub, depth + 1) for sub in td.tensordicts])
+        if type(td) is not TensorDict and not getattr(type(td), "_is_non_tensor", False):
+            raise Unsupported(f"the function returned a {type(td).__name__}, which graphmodule cannot rebuild")
+        if getattr(type(td), "_is_non_tensor", False):
+            return (CONST, td)
+        entries = [(name, self.plan(v, depth + 1) if not isinstance(v, TensorDictBase) else self._td(v, depth + 1))
+                   for name, v in td.items()]
+        names = tuple(td.names) if td._has_names() else None
+        return (TD, td.batch_size, td.device, names, entries, td.is_locked)
+
+    def _holds_tensors(self, value: Any, depth: int) -> bool:
+        if isinstance(value, _SKIP_OBJECTS) or not hasattr(value, "__dict__"):
+            return False
+        seen: set[int] = set()
+
+        def holds(v: Any, d: int) -> bool:
+            if d > 4 or id(v) in seen:
+                return False
+            seen.add(id(v))
+            if isinstance(v, Tensor):
+                return id(v) not in self.externals
+            if isinstance(v, (TensorDictBase, list, tuple, dict)) or is_tensorclass(v):
+                items = v.values() if isinstance(v, (dict, TensorDictBase)) else (
+                    [v._tensordict] if is_tensorclass(v) else v)
+                return any(holds(x, d + 1) for x in items)
+            if isinstance(v, _SKIP_OBJECTS) or not hasattr(v, "__dict__"):
+                return False
+            return any(holds(x, d + 1) for x in vars(v).values())
+
+        return holds(value, depth)
+
+
+class Plan:
+    """What the graph produced, and how a call's result and effects are built from it.
+
+    ``values(clone)`` gives this call's view of the graph's tensors: copies that later
+    calls never overwrite (``clone=True``), or the buffers themselves.
+    """
+
+    def __init__(self, graph: list[Tensor], anchor_grad: bool):
+        self.graph = graph
+        # outputs sharing memory are copied once, as one block of bytes
+        groups: dict[int, list[int]] = {}
+        for j, t in enumerate(graph):
+            if t.numel():
+                groups.setdefault(storage_base(t), []).append(j)
+        self.shared = [members for members in groups.values() if len(members) > 1]
+        shared = {j for members in self.shared for j in members}
+        self.single = [j for j in range(len(graph)) if j not in shared]
+        self.grad = [j for j, t in enumerate(graph) if t.requires_grad] if anchor_grad else []
+        self.graph = [t.detach() for t in graph]
+
+    def values(self, clone: bool) -> list[Tensor]:
+        graph = self.graph
+        if not clone or not graph:
+            out = list(graph)
+        elif not self.shared:
+            if len(graph) == 1:
+                out = [graph[0].clone()]
+            else:
+                out = [torch.empty_like(t) for t in graph]
+                torch._foreach_copy_(out, graph)
+        else:
+            out = list(graph)
+            if self.single:
+                fresh = [torch.empty_like(graph[j]) for j in self.single]
+                torch._foreach_copy_(fresh, [graph[j] for j in self.single])
+                for j, t in zip(self.single, fresh):
+                    out[j] = t
+            for members in self.shared:
+                _copy_shared(graph, members, out)
+        if self.grad:
+            _attach_no_backward(out, self.grad)
+        return out
+
+
+def _copy_shared(graph: list[Tensor], members: list[int], out: list[Tensor]) -> None:
+    tensors = [graph[j] for j in members]
+    starts = [t.storage_offset() * t.element_size() for t in tensors]
+    ends = []
+    for t, start in zip(tensors, starts):
+        last = sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+        ends.append(start + (last + 1) * t.element_size())
+    base, top = min(starts), max(ends)
+    src = torch.empty(0, dtype=torch.uint8, device=tensors[0].device).set_(
+        tensors[0].untyped_storage(), base, (top - base,), (1,))
+    block = src.clone()
+    made: dict[int, Tensor] = {}
+    for j, t, start in zip(members, tensors, starts):
+        if id(t) not in made:
+            view = torch.empty(0, dtype=t.dtype, device=t.device)
+            made[id(t)] = view.set_(block.untyped_storage(), (start - base) // t.element_size(), t.shape, t.stride())
+        out[j] = made[id(t)]
+
+
+class _NoBackward(torch.autograd.Function):
+    """Marks a replay's outputs as depending on gradients, and refuses to backpropagate."""
+
+    @staticmethod
+    def forward(ctx, anchor, *values):
+        return tuple(v.view_as(v) for v in values)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "graphmodule: gradients cannot flow back through a CUDA graph replay. The output "
+            "you backpropagated through came from CudaGraphModule; eagerly it would have "
+            "required grad. Put loss.backward() and optimizer.step() inside the wrapped "
+            "function, or call the wrapper under torch.no_grad() and compute the loss eagerly."
+        )
+
+
+_ANCHORS: dict[torch.device, Tensor] = {}
+
+
+def _attach_no_backward(out: list[Tensor], index: list[int]) -> None:
+    if not torch.is_grad_enabled():
+        return
+    device = out[index[0]].device
+    anchor = _ANCHORS.get(device)
+    if anchor is None:
+        anchor = _ANCHORS[device] = torch.zeros((), device=device, requires_grad=True)
+    wrapped = _NoBackward.apply(anchor, *[out[j] for j in index])
+    for j, t in zip(index, wrapped):
+        out[j] = t
+
+
+def build(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any) -> Any:
+    """The value a recipe describes, for one call."""
+    tag = recipe[0]
+    if tag == GRAPH:
+        return values[recipe[1]]
+    if tag == INPUT:
+        return leaves[recipe[1]]
+    if tag == CONST:
+        return recipe[1]
+    if tag == REF:
+        return resolve(recipe[1], tree, objs)
+    if tag == VIEW:
+        _, i, size, stride, rel = recipe
+        leaf = leaves[i]
+        return leaf.as_strided(size, stride, leaf.storage_offset() + rel)
+    if tag == TUPLE:
+        return tuple([build(r, values, leaves, objs, tree) for r in recipe[1]])
+    if tag == LIST:
+        return [build(r, values, leaves, objs, tree) for r in recipe[1]]
+    if tag == DICT:
+        _, cls, keys, children, extra = recipe
+        items = zip(keys, [build(r, values, leaves, objs, tree) for r in children])
+        return cls(extra, items) if extra is not None else cls(items)
+    if tag == NAMEDTUPLE:
+        return recipe[1](*[build(r, values, leaves, objs, tree) for r in recipe[2]])
+    if tag == TD:
+        _, batch_size, device, names, entries, locked = recipe
+        source = {name: build(r, values, leaves, objs, tree) for name, r in entries}
+        td = TensorDict._new_unsafe(source=source, batch_size=batch_size, device=device)
+        if names is not None:
+            td.names = list(names)
+        return td.lock_() if locked else td
+    if tag == TC:
+        _, cls, td_recipe, extra = recipe
+        return cls._from_tensordict(build(td_recipe, values, leaves, objs, tree), non_tensordict=dict(extra))
+    if tag == OBJECT:
+        _, template, attrs = recipe
+        obj = copy.copy(template)
+        for name, r in attrs:
+            object.__setattr__(obj, name, build(r, values, leaves, objs, tree))
+        return obj
+    if tag == LAZY:
+        _, dim, subs = recipe
+        return LazyStackedTensorDict(*[build(r, values, leaves, objs, tree) for r in subs], stack_dim=dim)
+    raise AssertionError(f"unknown recipe {tag}")  # pragma: no cover
+
+
+def collect(recipe: tuple, value: Any, out: dict[int, Tensor]) -> None:
+    """For a simulated replay: the fresh tensors at the recipe's ``GRAPH`` places in ``value``."""
+    tag = recipe[0]
+    if tag == GRAPH:
+        out.setdefault(recipe[1], value)
+    elif tag in (TUPLE, LIST):
+        for r, v in zip(recipe[1], value):
+            collect(r, v, out)
+    elif tag == NAMEDTUPLE:
+        for r, v in zip(recipe[2], value):
+            collect(r, v, out)
+    elif tag == DICT:
+        for r, v in zip(recipe[3], value.values()):
+            collect(r, v, out)
+    elif tag == TD:
+        for name, r in recipe[4]:
+            collect(r, value.get(name), out)
+    elif tag == TC:
+        collect(recipe[2], value._tensordict, out)
+    elif tag == OBJECT:
+        for name, r in recipe[2]:
+            collect(r, getattr(value, name), out)
+    elif tag == LAZY:
+        for r, v in zip(recipe[2], value.tensordicts):
+            collect(r, v, out)

@@ -1,0 +1,52 @@
+"""Names for places in a call's inputs, and short descriptions of values, for messages.
+
+Shared by the hot reader (``_tree``) and the cold explainer (``_explain``); nothing
+here runs on a replay that matches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from tensordict import TensorDictBase
+
+NestedKey = tuple  # a TensorDict key as a tuple of strings
+
+
+def as_key(key: Any) -> NestedKey:
+    """``"a"`` and ``("a", "b")`` as tuples of strings."""
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def format_key(key: NestedKey) -> str:
+    return ", ".join(repr(part) for part in key)
+
+
+def format_path(path: Sequence[Any], arg_names: Sequence[str] = ()) -> str:
+    """``(0, 1, 'obs')`` → ``args[1]['obs']``; ``(1, 'x')`` → ``kwargs['x']``."""
+    if not path:
+        return "inputs"
+    head, rest = path[0], list(path[1:])
+    if head == 0 and rest:
+        index = rest.pop(0)
+        text = arg_names[index] if index < len(arg_names) else f"args[{index}]"
+    elif head == 1 and rest:
+        name = rest.pop(0)
+        text = name if name == "tensordict_out" and arg_names else f"kwargs[{name!r}]"
+    else:
+        text = "inputs"
+    return text + "".join(f"[{part!r}]" for part in rest)
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for messages; never prints tensor data."""
+    if isinstance(value, torch.Tensor):
+        layout = "" if value.layout is torch.strided else f", {value.layout}"
+        return f"a tensor of shape {tuple(value.shape)}, {value.dtype} on {value.device}{layout}"
+    if isinstance(value, TensorDictBase):
+        return f"a {type(value).__name__} with batch size {tuple(value.batch_size)}"
+    if isinstance(value, float):
+        return repr(value)  # keeps -0.0 apart from 0.0
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"

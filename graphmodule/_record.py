@@ -1,0 +1,150 @@
+"""Capturing one call: from ``(args, kwargs)`` to an :class:`~graphmodule._entry.Entry`.
+
+The cold path a call takes once per graph:
+
+1. read the call's structure (``Layout``) and refuse what a graph cannot take
+   (missing keys, inputs requiring grad, tensors on another device, sparse tensors);
+2. copy the inputs into static buffers and hand the function fresh containers over them;
+3. snapshot what the function may change (buffers' versions and bytes, containers,
+   Python state it reads), capture, and compare;
+4. turn the output and the effects into recipes.
+
+Anything found that a replay could not reproduce raises before the graph is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ._effects import ContainerSnapshot, Effects
+from ._entry import Entry, rerun_body
+from ._errors import InputMismatchError, Mismatch, MissingKeyError, RequiresGradError, UnsupportedError
+from ._explain import describe_facts
+from ._inputs import Materialized, StaticInputs
+from ._mode import ModeReader
+from ._outputs import Plan, PlanBuilder, Unsupported
+from ._paths import describe, format_key, format_path
+from ._spec import InputSpec
+from ._stale import PythonEffects, Watch
+from ._tree import Layout
+
+__all__ = ["read_call", "record", "mode_reader"]
+
+Tensor = torch.Tensor
+
+
+def _texts(layout: Layout, arg_names) -> list[str]:
+    out = []
+    for path, key in layout.leaf_paths():
+        text = format_path(path, arg_names)
+        out.append(text if key is None else f"{text}[{format_key(key)}]")
+    return out
+
+
+def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.device | None):
+    """The layout, leaves and slot values of a call about to be captured; raises what a
+    capture cannot take."""
+    layout = Layout.capture(tree, by_key)
+    if layout.missing:
+        mismatches = [
+            Mismatch(f"{format_path(slot.path, arg_names)}[{format_key(key)}]", "missing",
+                     "an entry (the module reads it: it is in in_keys)", "nothing")
+            for slot, key in layout.missing
+        ]
+        raise MissingKeyError(owner, mismatches, "called")
+    leaves, objs = layout.leaves(tree)
+    texts = _texts(layout, arg_names)
+    grads = [Mismatch(text, "requires_grad", "False", "True")
+             for leaf, text in zip(leaves, texts) if isinstance(leaf, Tensor) and leaf.requires_grad]
+    if grads:
+        raise RequiresGradError(owner, grads)
+    if device is not None:
+        wrong = [Mismatch(text, "device", str(device), str(leaf.device))
+                 for leaf, text in zip(leaves, texts) if isinstance(leaf, Tensor) and leaf.device != device]
+        if wrong:
+            raise InputMismatchError(owner, wrong, "asked to capture on " + str(device))
+    for leaf, text in zip(leaves, texts):
+        if isinstance(leaf, Tensor) and leaf.layout is not torch.strided:
+            raise UnsupportedError(
+                owner,
+                f"{text} is {describe(leaf)}; a sparse tensor's memory changes with its number of non-zeros.",
+                "pass a dense tensor (.to_dense()), or its indices and values as fixed-size tensors.",
+            )
+    return layout, leaves, objs, texts
+
+
+def mode_reader(watch: Watch) -> ModeReader:
+    return ModeReader([m for m, _ in watch.modules], [label for _, label in watch.modules])
+
+
+def record(
+    *,
+    owner: str,
+    module: Callable[..., Any],
+    runner: Any,
+    layout: Layout,
+    leaves: list,
+    mode: tuple,
+    clone: bool,
+    texts: list[str],
+) -> tuple[Entry, Materialized]:
+    """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
+
+    Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
+    for an effect or output a replay could not reproduce (the graph is released then).
+    """
+    spec = InputSpec(layout, leaves, mode)
+    before = Watch(module)  # what exists before the capture: parameters, state...
+    inputs = StaticInputs(layout, leaves)
+    materialized = Materialized(inputs)
+    containers = ContainerSnapshot(materialized)
+    python = PythonEffects(before.functions)
+    versions, snapshot = inputs.versions(), inputs.snapshot()
+    args, kwargs = materialized.tree
+
+    handle, out = runner.capture(lambda: module(*args, **kwargs), owner)
+    try:
+        changed = python.changes()
+        if changed:
+            raise UnsupportedError(
+                owner,
+                "the function changes Python state, which a replay (GPU work only) would not: "
+                + "; ".join(changed) + ".",
+                "keep that state outside the wrapped function (update it after the call), or "
+                "hold it in a tensor the function updates in place.",
+            )
+        written = inputs.written(versions, snapshot)
+        builder = PlanBuilder(inputs, materialized, before.externals)
+        try:
+            effects = Effects(written, containers.changes(), materialized, builder)
+            out_recipe = builder.plan(out)
+        except Unsupported as exc:
+            raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
+                                   "TensorDicts, tensorclasses or plain objects holding them.") from None
+        plan = Plan(builder.graph, anchor_grad=torch.is_grad_enabled())
+    except BaseException:
+        runner.release(handle)
+        raise
+    entry = Entry(
+        spec=spec,
+        inputs=inputs,
+        effects=effects,
+        plan=plan,
+        out_recipe=out_recipe,
+        stride_checked=builder.stride_checked,
+        watch=Watch(module),  # after the capture: what the replays must keep reading
+        runner=runner,
+        handle=handle,
+        clone=clone,
+    )
+    if getattr(handle, "refresh", False) is None:  # a simulated graph
+        handle.refresh = entry.make_refresh(rerun_body(module, inputs))
+    entry.texts = texts
+    return entry, materialized
+
+
+def describe_leaf(spec: InputSpec, i: int) -> str:
+    facts = dict(zip(spec.tensor_index, spec.facts))
+    return describe_facts(facts[i]) if i in facts else describe(dict(zip(spec.const_index, spec.constants))[i])
