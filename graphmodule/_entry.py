@@ -15,7 +15,7 @@ import torch
 from ._effects import Effects
 from ._errors import Mismatch
 from ._inputs import Materialized, StaticInputs, resolve, storage_base
-from ._outputs import GRAPH, REF, Plan, build, collect
+from ._outputs import GRAPH, REF, Plan, build, collect, dense
 from ._paths import format_key, format_path
 from ._spec import InputSpec
 from ._stale import Watch
@@ -132,12 +132,23 @@ class Entry:
                 else:
                     for value, recipe in zip(target, op[2]):
                         collect(recipe, value, found)
-            pairs = [(graph[j], t) for j, t in found.items() if graph[j] is not t]
-            if pairs:
-                with torch.no_grad():
-                    torch._foreach_copy_([s for s, _ in pairs], [t.detach() for _, t in pairs])
+            with torch.no_grad():
+                for j, fresh in found.items():
+                    static = graph[j]
+                    if static is fresh:
+                        continue
+                    if dense(static):
+                        static.copy_(fresh)
+                    else:  # an expanded tensor: write the memory it views, as the graph does
+                        _span_bytes(static).copy_(_span_bytes(fresh.detach()))
 
         return refresh
+
+
+def _span_bytes(t: torch.Tensor) -> torch.Tensor:
+    from ._inputs import _bytes
+
+    return _bytes(t)
 
 
 def rerun_body(module: Any, inputs: StaticInputs):

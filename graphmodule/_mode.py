@@ -11,6 +11,7 @@ the captured signature: a call under another one is refused, or gets its own gra
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Sequence
 
 import torch
@@ -27,6 +28,7 @@ from ._errors import Mismatch
 __all__ = ["ModeReader"]
 
 _is_grad_enabled = torch.is_grad_enabled
+_training = attrgetter("training")
 
 
 class ModeReader:
@@ -37,7 +39,7 @@ class ModeReader:
         self.labels = list(labels)
 
     def read(self) -> tuple:
-        return (_is_grad_enabled(), _interaction_type(), tuple([m.training for m in self.modules]))
+        return (_is_grad_enabled(), _interaction_type(), tuple(map(_training, self.modules)))
 
     def mismatches(self, captured: tuple, now: tuple) -> list[Mismatch]:
         found = []

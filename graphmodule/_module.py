@@ -42,9 +42,13 @@ from ._record import mode_reader, read_call, record
 from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
-from ._tree import tensor_leaves
+from ._tree import flatten
 
 __all__ = ["CudaGraphModule"]
+
+
+def _safe_leaves(tree: Any) -> list:
+    return [leaf for leaf in flatten(tree)[0] if isinstance(leaf, torch.Tensor)]
 
 
 def _sorted_kwargs(kwargs: dict) -> dict:
@@ -442,8 +446,14 @@ class CudaGraphModule:
 
     # -- errors ------------------------------------------------------------------------
     def _refuse_grad(self, tree: Any) -> None:
-        if any(t.requires_grad for t in tensor_leaves(tree)):
+        """Inputs requiring grad are refused from the first call, as a capture would refuse them."""
+        try:
             read_call(self._owner, tree, self._by_key(tree[1]), self._arg_names, None)
+        except RequiresGradError:
+            raise
+        except Exception:  # anything else is the function's business while it runs eagerly
+            if any(getattr(t, "requires_grad", False) for t in _safe_leaves(tree)):
+                raise RequiresGradError(self._owner, [Mismatch("inputs", "requires_grad", "False", "True")]) from None
 
     def _raise_mismatch(self, entry: Entry, args: tuple, kwargs: dict, mode: Any) -> None:
         self._raise_mismatch_spec(entry.spec, entry.mode, args, kwargs, mode)

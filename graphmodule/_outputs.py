@@ -67,6 +67,7 @@ class PlanBuilder:
             if buffer.numel():
                 self.input_bases.setdefault(storage_base(buffer), i)
         self.graph: list[Tensor] = []  # tensors the graph produced, in recipe order
+        self.graph_requires_grad: list[bool] = []
         self._graph_index: dict[int, int] = {}
         self.stride_checked: set[int] = set()  # inputs whose views are handed back
 
@@ -118,6 +119,7 @@ class PlanBuilder:
         if j is None:
             j = self._graph_index[id(t)] = len(self.graph)
             self.graph.append(t.detach())
+            self.graph_requires_grad.append(t.requires_grad)
         return (GRAPH, j)
 
     def _td(self, td: TensorDictBase, depth: int) -> tuple:
@@ -164,18 +166,18 @@ class Plan:
     calls never overwrite (``clone=True``), or the buffers themselves.
     """
 
-    def __init__(self, graph: list[Tensor], anchor_grad: bool):
+    def __init__(self, graph: list[Tensor], requires_grad: list[bool]):
         self.graph = graph
-        # outputs sharing memory are copied once, as one block of bytes
+        # outputs sharing memory (or overlapping themselves, as expanded tensors do) are
+        # copied as one block of bytes, rebuilt with their strides
         groups: dict[int, list[int]] = {}
         for j, t in enumerate(graph):
             if t.numel():
                 groups.setdefault(storage_base(t), []).append(j)
-        self.shared = [members for members in groups.values() if len(members) > 1]
+        self.shared = [m for m in groups.values() if len(m) > 1 or not dense(graph[m[0]])]
         shared = {j for members in self.shared for j in members}
         self.single = [j for j in range(len(graph)) if j not in shared]
-        self.grad = [j for j, t in enumerate(graph) if t.requires_grad] if anchor_grad else []
-        self.graph = [t.detach() for t in graph]
+        self.grad = [j for j, rg in enumerate(requires_grad) if rg]
 
     def values(self, clone: bool) -> list[Tensor]:
         graph = self.graph
@@ -199,6 +201,18 @@ class Plan:
         if self.grad:
             _attach_no_backward(out, self.grad)
         return out
+
+
+def dense(t: Tensor) -> bool:
+    """Whether ``t`` covers its memory without gaps or overlaps (``empty_like`` keeps its strides)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _copy_shared(graph: list[Tensor], members: list[int], out: list[Tensor]) -> None:

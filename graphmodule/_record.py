@@ -123,7 +123,7 @@ def record(
         except Unsupported as exc:
             raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
                                    "TensorDicts, tensorclasses or plain objects holding them.") from None
-        plan = Plan(builder.graph, anchor_grad=torch.is_grad_enabled())
+        plan = Plan(builder.graph, builder.graph_requires_grad)
     except BaseException:
         runner.release(handle)
         raise

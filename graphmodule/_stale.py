@@ -81,6 +81,7 @@ class Watch:
         self.functions: list[tuple[Callable, str]] = []
         self.modules: list[tuple[nn.Module, str]] = []
         self._visit(fn, "module" if isinstance(fn, nn.Module) else "the wrapped callable", 0)
+        self.freeze()
 
     # -- discovery (at capture) ------------------------------------------------------------
     def _bind(self, container: Any, key: Any, value: Any, label: str, depth: int) -> None:
@@ -217,18 +218,27 @@ class Watch:
 
     # -- the per-call check ----------------------------------------------------------------
     def check(self) -> bool:
-        """Whether everything found at capture is still what the graph reads. Cheap."""
+        """Whether everything found at capture is still what the graph reads. Cheap:
+        three C-level passes (addresses, identities, values)."""
         try:
-            c, k, ptrs, _ = self._t
-            if list(map(_data_ptr, map(getitem, c, k))) != ptrs:
+            if list(map(_data_ptr, map(getitem, self._tc, self._tk))) != self._tptrs:
                 return False
-            c, k, objs, _ = self._o
-            if not all(map(is_, map(getitem, c, k), objs)):
+            if not all(map(is_, map(getitem, self._oc, self._ok), self._oobjs)):
                 return False
-            c, k, values, _ = self._v
-            return all(map(same_constant, map(getitem, c, k), values))
+            # tuple equality compares by identity first, then ==; -0.0 and nan are
+            # settled by the exact comparison
+            values = tuple(map(getitem, self._vc, self._vk))
+            return values == self._vvalues and (self._plain_values or all(map(same_constant, values, self._vvalues)))
         except (KeyError, IndexError, AttributeError, TypeError, ValueError):
             return False
+
+    def freeze(self) -> None:
+        """Lay the watched places out for :meth:`check` (after discovery)."""
+        self._tc, self._tk, self._tptrs, _ = self._t
+        self._oc, self._ok, self._oobjs, _ = self._o
+        self._vc, self._vk, values, _ = self._v
+        self._vvalues = tuple(values)
+        self._plain_values = not any(type(v) in (float, complex) for v in values)
 
     def changes(self) -> list[tuple[str, str]]:
         """What changed, for the message (the slow path)."""

@@ -1,9 +1,10 @@
-"""Outputs and effects on inputs, through the public API (simulated replays)."""
+"""Outputs and effects on inputs, through the public API (simulated replays).
 
 The simulated backend runs the real buffer machinery on CPU: inputs copied into
 static buffers, outputs produced in fixed buffers that each replay overwrites.
 """
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -45,10 +46,21 @@ class TestOutputs:
         assert same is x
         torch.testing.assert_close(plus, x + 1)
 
-    def test_outputs_are_detached(self, make):
+    def test_outputs_track_grad_as_eagerly_but_refuse_backward(self, make):
+        # eagerly x * w requires grad; silently detaching would make loss.backward()
+        # train nothing through this output, so backward raises instead
         w = torch.nn.Parameter(torch.ones(2))
         g = _replaying(make, lambda x: x * w, torch.ones(2))
-        assert not g(torch.ones(2)).requires_grad
+        out = g(torch.ones(2))
+        assert out.requires_grad
+        with pytest.raises(RuntimeError, match="gradients cannot flow back through a CUDA graph replay"):
+            (out.sum() + w.sum()).backward()
+
+    def test_outputs_under_no_grad_do_not_require_grad(self, make):
+        w = torch.nn.Parameter(torch.ones(2))
+        with torch.no_grad():
+            g = _replaying(make, lambda x: x * w, torch.ones(2))
+            assert not g(torch.ones(2)).requires_grad
 
     def test_tensordict_output_is_cloned(self, make):
         g = _replaying(make, lambda x: TensorDict(y=x + 1), torch.zeros(2))
