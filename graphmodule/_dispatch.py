@@ -43,7 +43,7 @@ def resolve_keys(module: Any, in_keys: Any, out_keys: Any, stacklevel: int) -> t
             if given_list and given_list != _normalise(own):
                 warnings.warn(
                     f"CudaGraphModule ignores {name}={given!r}: the module has its own "
-                    f"{name}={own!r}, which it uses. Leave {name} unset to silence this warning.",
+                    f"{name}={own!r}, which it uses instead. Leave {name} unset to silence this warning.",
                     UserWarning,
                     stacklevel=stacklevel,
                 )

@@ -52,7 +52,17 @@ class Entry:
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
         )
-        self.returns_ref = out_recipe[0] == REF
+        self.returns_input_td = out_recipe[0] == REF and out_recipe[1][0] == "slot_obj" and out_recipe[1][1] == 0
+
+    def written_keys(self) -> list:
+        """Keys the function writes into its first TensorDict argument (top level and nested)."""
+        out = []
+        for op in self.effects.ops:
+            ref = op[1]
+            if op[0] == "td" and ref[0] in ("slot", "slot_obj") and ref[1] == 0:
+                prefix = ref[2] if ref[0] == "slot" else ()
+                out += [prefix + (name,) if prefix else name for name, _ in op[2]]
+        return out
 
     # -- the replay path -----------------------------------------------------------------
     def extra_ok(self, leaves: Any) -> bool:

@@ -21,7 +21,7 @@ catches the error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "CaptureError",
@@ -54,12 +54,18 @@ class Mismatch:
     kind: str
     expected: str
     got: str
+    #: the same fact in ``tensordict.nn.CudaGraphModule``'s words, for code matching on them
+    compat: str | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         if self.kind == "missing":
             return f"{self.path}: missing (expected {self.expected})"
         if self.kind == "extra":
             return f"{self.path}: not in the captured inputs (got {self.got})"
+        if self.kind == "alias":
+            return f"{self.path}: expected {self.expected} (as at capture), got {self.got}"
+        if self.kind == "order":
+            return f"{self.path}: expected key order {self.expected}, got {self.got}"
         return f"{self.path}: expected {self.kind} {self.expected}, got {self.got}"
 
 
@@ -132,6 +138,11 @@ class InputMismatchError(GraphModuleError, ValueError):
             if advice and advice not in seen:
                 seen.append(advice)
         lines += [f"To fix: {advice}" for advice in seen]
+        compat: list[str] = []
+        for m in self.mismatches:
+            if m.compat and m.compat not in compat:
+                compat.append(m.compat)
+        lines += [f"(tensordict.nn.CudaGraphModule's words: {text})" for text in compat]
         super().__init__("\n".join(lines))
 
     def __reduce__(self):  # keep the error picklable (multiprocessing, pytest-xdist)

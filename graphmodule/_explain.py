@@ -132,25 +132,33 @@ def _slot_values(slot: Slot, obj: Any, text: str) -> tuple[list, list[Mismatch]]
     if not is_slot_value(obj):
         found.append(Mismatch(text, "type", f"a {slot.cls.__name__}", describe(obj)))
         return [MISSING] * len(slot.keys), found
-    if type(obj) is not slot.cls:
+    if type(obj) is not slot.cls and (slot.exact or slot.is_tc or is_tensorclass(obj)):
         found.append(Mismatch(text, "type", slot.cls.__name__, type(obj).__name__))
     if is_tensorclass(obj) and slot.is_tc and dict(obj._non_tensordict) != slot.tc_extra:
         found.append(Mismatch(text, "value", repr(slot.tc_extra), repr(dict(obj._non_tensordict))))
     td = obj._tensordict if is_tensorclass(obj) else obj
     if td.batch_size != slot.batch_size:
-        found.append(Mismatch(text, "batch_size", str(tuple(slot.batch_size)), str(tuple(td.batch_size))))
+        compat = (f"CudaGraphModule was captured with batch_size={slot.batch_size} but got "
+                  f"batch_size={td.batch_size}. CUDA graphs replay fixed shapes.")
+        found.append(Mismatch(text, "batch_size", str(tuple(slot.batch_size)), str(tuple(td.batch_size)), compat))
     out: list = []
     _node_values(slot.root, td, text, (), found, out)
     return out, found
 
 
-def _tensor_mismatches(path: str, f: tuple, leaf: Any) -> list[Mismatch]:
+def _tensor_mismatches(path: str, f: tuple, leaf: Any, key: tuple | None = None) -> list[Mismatch]:
     if not isinstance(leaf, torch.Tensor):
         return [Mismatch(path, "type", "a tensor", describe(leaf))]
     shape, dtype, device, requires_grad, layout = f
     found = []
     if leaf.shape != shape:
-        found.append(Mismatch(path, "shape", str(tuple(shape)), str(tuple(leaf.shape))))
+        if key is None:
+            compat = f"CudaGraphModule was captured with an input of shape {shape} but got shape {leaf.shape}."
+        else:
+            name = key[0] if len(key) == 1 else key
+            compat = f"CudaGraphModule was captured with the entry {name!r} of shape {shape} but got shape {leaf.shape}."
+        compat += " CUDA graphs replay fixed shapes."
+        found.append(Mismatch(path, "shape", str(tuple(shape)), str(tuple(leaf.shape)), compat))
     if leaf.dtype != dtype:
         found.append(Mismatch(path, "dtype", str(dtype), str(leaf.dtype)))
     if leaf.device != device:
@@ -183,17 +191,25 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
             leaves += values
     facts_at = dict(zip(spec.tensor_index, spec.facts))
     consts_at = dict(zip(spec.const_index, spec.constants))
+    keys = [key for _, key in layout.leaf_paths()]
+    missing_keys: list = []
     for i, (leaf, text) in enumerate(zip(leaves, _leaf_path_texts(spec, arg_names))):
         if leaf is MISSING:
             if any(m.path == text for m in found) or _under_missing(text, found):
                 continue
             expected = describe_facts(facts_at[i]) if i in facts_at else describe(consts_at[i])
             found.append(Mismatch(text, "missing", expected, "nothing"))
+            if keys[i] is not None:
+                missing_keys.append(keys[i][0] if len(keys[i]) == 1 else keys[i])
         elif i in facts_at:
-            found += _tensor_mismatches(text, facts_at[i], leaf)
+            found += _tensor_mismatches(text, facts_at[i], leaf, keys[i])
         elif not same_constant(leaf, consts_at[i]):
             kind = "type" if isinstance(leaf, torch.Tensor) or type(leaf) is not type(consts_at[i]) else "value"
-            found.append(Mismatch(text, kind, describe(consts_at[i]), describe(leaf)))
+            compat = "Varying inputs must be torch.Tensor subclasses." if kind == "value" else None
+            found.append(Mismatch(text, kind, describe(consts_at[i]), describe(leaf), compat))
+    if missing_keys:
+        compat = f"CudaGraphModule input is missing the in_keys {missing_keys} that the captured graph reads."
+        found = [Mismatch(m.path, m.kind, m.expected, m.got, compat) if m.kind == "missing" else m for m in found]
     return found
 
 

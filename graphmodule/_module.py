@@ -204,6 +204,7 @@ class CudaGraphModule:
         self._warmed = 0
         self._pending: dict[Any, int] = {}  # warmup calls of signatures not captured yet
         self._mode = None  # the ModeReader, from the first capture
+        self._returned_input: bool | None = None
 
     # -- public surface ----------------------------------------------------------------
     @property
@@ -218,10 +219,32 @@ class CudaGraphModule:
         stats.graphs = len(self._entries)
         return stats
 
+    # -- what code written for tensordict's wrapper reads ------------------------------
     @property
     def counter(self) -> int:
-        """Calls that ran before the graph took over (tensordict's wrapper's ``counter``)."""
+        """Calls that ran before the graph took over (tensordict's wrapper's ``counter``;
+        0 without graphs, as there)."""
+        if not self._runner.captures:
+            return 0
         return min(self._stats.warmup_calls + self._stats.captures, self.warmup)
+
+    @property
+    def _warmup(self) -> int:
+        return self.warmup
+
+    @property
+    def _out_matches_in(self) -> bool | None:
+        """Whether the TensorDict module returns its input TensorDict (None before a call)."""
+        if self._entries:
+            return self._entries[0].returns_input_td
+        return self._returned_input
+
+    @property
+    def _selected_keys(self) -> list | None:
+        """The keys a replay writes into the caller's TensorDict."""
+        if self.out_keys:
+            return list(self.out_keys)
+        return self._entries[0].written_keys() if self._entries else None
 
     @property
     def pool(self) -> Any:
@@ -360,6 +383,8 @@ class CudaGraphModule:
         out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
         self._warmed += 1
         self._stats.warmup_calls += 1
+        if self._returned_input is None and self._is_tensordict_module and args:
+            self._returned_input = out is args[0]
         return out
 
     def _new_signature(self, args: tuple, kwargs: dict) -> Any:

@@ -20,7 +20,7 @@ import torch
 
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
-from ._errors import InputMismatchError, Mismatch, MissingKeyError, RequiresGradError, UnsupportedError
+from ._errors import InputMismatchError, Mismatch, RequiresGradError, UnsupportedError
 from ._explain import describe_facts
 from ._inputs import Materialized, StaticInputs
 from ._mode import ModeReader
@@ -47,13 +47,6 @@ def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.devi
     """The layout, leaves and slot values of a call about to be captured; raises what a
     capture cannot take."""
     layout = Layout.capture(tree, by_key)
-    if layout.missing:
-        mismatches = [
-            Mismatch(f"{format_path(slot.path, arg_names)}[{format_key(key)}]", "missing",
-                     "an entry (the module reads it: it is in in_keys)", "nothing")
-            for slot, key in layout.missing
-        ]
-        raise MissingKeyError(owner, mismatches, "called")
     leaves, objs = layout.leaves(tree)
     texts = _texts(layout, arg_names)
     grads = [Mismatch(text, "requires_grad", "False", "True")

@@ -42,6 +42,15 @@ _WORTH = (torch.Tensor, nn.Module, torch.optim.Optimizer, TensorDictBase, types.
           types.MethodType, functools.partial, list, tuple, dict)
 
 
+_INTERNAL_PACKAGES = frozenset({"torch", "tensordict", "graphmodule", "functools", "typing", "contextlib"})
+
+
+def _internal(fn: Any) -> bool:
+    """Functions of torch, tensordict and the standard library: not the user's Python state."""
+    module = getattr(fn, "__module__", None) or ""
+    return module.split(".", 1)[0] in _INTERNAL_PACKAGES
+
+
 class _Cell:
     """A closure cell as a container: ``cell[None]`` is its content."""
 
@@ -139,6 +148,11 @@ class Watch:
                     self._bind(attrs, name, value, f"{label}.{name}", depth)
 
     def _function(self, fn: types.FunctionType, depth: int) -> None:
+        wrapped = getattr(fn, "__wrapped__", None) or getattr(fn, "_torchdynamo_orig_callable", None)
+        if _internal(fn):  # torch's own wrappers (torch.compile's): only what they wrap is user code
+            if wrapped is not None:
+                self._visit(wrapped, getattr(wrapped, "__qualname__", "the wrapped function"), depth)
+            return
         name = getattr(fn, "__qualname__", fn.__name__)
         self.functions.append((fn, name))
         for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
@@ -154,7 +168,6 @@ class Watch:
         for i, value in enumerate(fn.__defaults__ or ()):
             if not isinstance(value, _SCALARS):
                 self._visit(value, f"default argument {i} of {name}", depth + 1)
-        wrapped = getattr(fn, "__wrapped__", None) or getattr(fn, "_torchdynamo_orig_callable", None)
         if wrapped is not None:
             self._visit(wrapped, name, depth)
 

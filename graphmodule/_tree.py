@@ -150,20 +150,25 @@ class Slot:
         td = obj._tensordict if self.is_tc else obj
         self.tc_extra = dict(obj._non_tensordict) if self.is_tc else None
         self.exact = keys is None
+        # keys the module names but the TensorDict lacks at capture are not read (a module
+        # that needs one fails eagerly, as it would without the wrapper)
+        self.unread = [] if keys is None else _missing(td, _key_tree(keys))
+        keys = None if keys is None else [k for k in keys if not any(k[: len(u)] == u for u in self.unread)]
         self.want = None if keys is None else _key_tree(keys)
-        self.missing = [] if keys is None else _missing(td, self.want)
         leaves: list = []
-        self.root = _build_node(td, self.want, [0], leaves) if not self.missing else None
+        self.root = _build_node(td, self.want, [0], leaves)
         self.captured = leaves
-        self.keys = tuple(self.root.leaf_keys()) if self.root is not None else ()
+        self.keys = tuple(self.root.leaf_keys())
         self.has_non_tensor = any(not isinstance(v, torch.Tensor) for v in leaves)
         self.batch_size = td.batch_size
-        fast = self.root is not None and self.root.dense and not self.has_non_tensor and not self.is_tc
+        fast = self.root.dense and not self.has_non_tensor and not self.is_tc
         self.read: Callable[[Any], list | None] = self._read_fast if fast else self._read_general
 
     # -- readers: a list of leaves, or None when the value does not fit ------------------
     def _read_fast(self, td: Any) -> list | None:
-        if type(td) is not TensorDict or td.batch_size != self.batch_size:
+        if type(td) is not TensorDict:
+            return None if self.exact else self._read_general(td)
+        if td.batch_size != self.batch_size:
             return None
         out: list = []
         try:
@@ -173,7 +178,7 @@ class Slot:
         return out if ok else None
 
     def _read_general(self, obj: Any) -> list | None:
-        if type(obj) is not self.cls:
+        if type(obj) is not self.cls and (self.exact or self.is_tc or not isinstance(obj, TensorDictBase)):
             return None
         if self.is_tc:
             if dict(obj._non_tensordict) != self.tc_extra:
@@ -258,10 +263,6 @@ class Layout:
                     keys = keys or []
                 slots.append(Slot(position, path, leaf, keys))
         return cls(treespec, tuple(slots), [tuple(p) for p in paths], outer)
-
-    @property
-    def missing(self) -> list[tuple[Slot, NestedKey]]:
-        return [(slot, key) for slot in self.slots for key in slot.missing]
 
     def leaves(self, tree: Any) -> tuple[list, dict[int, Any]] | None:
         outer, treespec = flatten(tree)

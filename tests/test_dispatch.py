@@ -6,7 +6,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
-from graphmodule import CudaGraphModule, InputMismatchError
+from graphmodule import CudaGraphModule, InputMismatchError, MissingKeyError
 
 BACKENDS = ["simulate", "eager"]
 
@@ -124,8 +124,30 @@ class TestKeywordCall:
         module = TensorDictModule(lambda a, b: a + b, in_keys=["a", "b"], out_keys=["c"])
         g = make(module, warmup=1)
         g(a=torch.zeros(1), b=torch.zeros(1))
-        with pytest.raises(InputMismatchError, match=r"tensordict\['b'\]: missing"):
+        g(a=torch.zeros(1), b=torch.zeros(1))
+        with pytest.raises(MissingKeyError) as info:
             g(a=torch.zeros(1))
+        assert isinstance(info.value, KeyError) and isinstance(info.value, InputMismatchError)
+        assert str(info.value).splitlines() == [
+            "CudaGraphModule(TensorDictModule) was captured with other inputs than this call's (1 mismatch):",
+            "  tensordict['b']: missing (expected a tensor of shape (1,), torch.float32 on cpu)",
+            "To fix: pass the same containers, keys and number of arguments as at capture "
+            "(keyword arguments are matched by name).",
+            "(tensordict.nn.CudaGraphModule's words: CudaGraphModule input is missing the in_keys "
+            "['b'] that the captured graph reads.)",
+        ]
+
+    def test_missing_at_capture_is_the_modules_own_error(self, make):
+        # eagerly the module raises for a missing in_key; the capturing call does the same
+        module = TensorDictModule(lambda a, b: a + b, in_keys=["a", "b"], out_keys=["c"])
+        g = make(module, warmup=1)
+        g(a=torch.zeros(1), b=torch.zeros(1))
+        with pytest.raises(KeyError) as info:
+            g(a=torch.zeros(1))
+        with pytest.raises(KeyError) as eager:
+            module(a=torch.zeros(1))
+        assert type(info.value) is type(eager.value) and str(info.value) == str(eager.value)
+        assert g.state == "warmup"
 
 
 class TestTensordictOut:
