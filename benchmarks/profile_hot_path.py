@@ -3,6 +3,9 @@
 Usage: python benchmarks/profile_hot_path.py [--calls N]
 Prints per-call wall time (CPU-bound loops, one sync at the end) of:
 floor pieces (copy, replay, clone), graphmodule's steps, and the top of a cProfile.
+File names in the profile are written relative to the repository (``graphmodule/...``)
+or to the install folders (``<site-packages>/torch/...``, ``<stdlib>/...``), so that the
+output names no folder of the machine that ran it.
 """
 
 from __future__ import annotations
@@ -12,14 +15,18 @@ import cProfile
 import io
 import os
 import pstats
+import re
+import site
 import statistics
 import sys
+import sysconfig
 import time
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [HERE, ROOT]
 
 from workloads import WORKLOADS  # noqa: E402
 
@@ -40,6 +47,56 @@ def per_call(fn, calls, repeats=7, wait=True):
         times.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(times)
+
+
+def _path_labels() -> dict[str, str]:
+    """Absolute folder -> what to write instead: the repository, the stdlib, install folders."""
+    labels: dict[str, str] = {}
+
+    def add(path, label):
+        if path and os.path.isabs(path):
+            for variant in {os.path.abspath(path), os.path.realpath(path)}:
+                if variant.rstrip(os.sep):  # never the file system's root itself
+                    labels.setdefault(variant.rstrip(os.sep) + os.sep, label)
+
+    for key in ("stdlib", "platstdlib"):
+        add(sysconfig.get_paths().get(key), "<stdlib>/")
+    user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    for path in [*site.getsitepackages(), user_site, *sys.path]:
+        if not path:
+            continue
+        inside_repo = os.path.abspath(path).startswith(ROOT + os.sep) or os.path.abspath(path) == ROOT
+        if inside_repo and "-packages" not in path:
+            continue  # the repository's own folders: relative to it, below
+        # any other import root (site-packages, a PYTHONPATH --target folder) holds packages
+        add(path, "<site-packages>/")
+    add(ROOT, "")
+    add(os.path.expanduser("~"), "~/")
+    return labels
+
+
+def portable_paths(text: str, labels: dict[str, str] | None = None) -> str:
+    """``text`` with the absolute folders of this machine replaced (the longest first)."""
+    labels = _path_labels() if labels is None else labels
+    if not labels:
+        return text
+    prefixes = sorted(labels, key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, prefixes)))
+    return pattern.sub(lambda m: labels[m.group(0)], text)
+
+
+def profile_text(fn, args: tuple, calls: int, top: int = 12) -> str:
+    """The top ``top`` functions by own time over ``calls`` calls of ``fn(*args)``, with
+    portable paths."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn(*args)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    lines = buf.getvalue().splitlines()[4 : 12 + top]
+    return portable_paths("\n".join(line for line in lines if line.strip()))
 
 
 def main():
@@ -86,15 +143,9 @@ def main():
             g = CudaGraphModule(case.fn, warmup=2)
             for _ in range(4):
                 g(*case.args)
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(20000):
-                g(*case.args)
-            prof.disable()
+            text = profile_text(g, case.args, 20000)
             torch.cuda.synchronize()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
-            print("\n".join(line for line in buf.getvalue().splitlines()[4:24] if line.strip()))
+            print(text)
 
 
 if __name__ == "__main__":

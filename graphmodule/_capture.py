@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import warnings
 from typing import Any, Callable, Protocol
 
 import torch
@@ -106,9 +107,25 @@ class CudaRunner:
         # and lazy initialisation (cuBLAS handles, autotuning) happen off the
         # legacy stream, as capture requires.
         self.stream = torch.cuda.Stream(device)
-        with torch.cuda.device(device):
-            self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self._given_pool = pool
+        self._new_pool()
         self.capture_seconds = 0.0
+
+    def _new_pool(self) -> None:
+        """The memory pool every graph of this runner captures into.
+
+        A ``torch.cuda.MemPool`` keeps its pool alive while it exists, so graphs can be
+        released and captured again into it (a bare pool id dies with its last graph).
+        """
+        given = self._given_pool
+        if given is not None:
+            self.mempool = given if hasattr(given, "id") else None
+            self.pool = given.id if hasattr(given, "id") else given
+            return
+        with torch.cuda.device(self.device):
+            mempool_cls = getattr(torch.cuda, "MemPool", None)
+            self.mempool = mempool_cls() if mempool_cls is not None else None
+            self.pool = self.mempool.id if self.mempool is not None else torch.cuda.graph_pool_handle()
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
         with torch.cuda.device(self.device):
@@ -135,18 +152,27 @@ class CudaRunner:
             out = None
             self.stream.wait_stream(caller)
             _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+            empty = False
             try:
                 with torch.cuda.stream(self.stream):
-                    graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode)
                     try:
-                        out = body()
-                    except BaseException as exc:  # noqa: BLE001 - re-raised below
+                        graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode)
+                    except BaseException as exc:  # noqa: BLE001 - a capture that never started
                         body_error = exc
-                    finally:
+                    else:
                         try:
-                            graph.capture_end()
-                        except BaseException as exc:  # noqa: BLE001
-                            end_error = exc
+                            out = body()
+                        except BaseException as exc:  # noqa: BLE001 - re-raised below
+                            body_error = exc
+                        finally:
+                            try:
+                                with warnings.catch_warnings(record=True) as seen:
+                                    warnings.simplefilter("always")
+                                    graph.capture_end()
+                                # a function that launches nothing (it returns views or inputs)
+                                empty = any("Graph is empty" in str(w.message) for w in seen)
+                            except BaseException as exc:  # noqa: BLE001
+                                end_error = exc
             finally:
                 _LOCAL.depth -= 1
                 if gc_was_enabled:
@@ -156,6 +182,8 @@ class CudaRunner:
                 original = body_error if body_error is not None else end_error
                 self._recover(graph)
                 raise diagnose(owner, original, end_error) from original
+            if empty:
+                graph = _EmptyGraph()
             # a capture records without running: run once, so `out` holds this call's results
             graph.replay()
         self.capture_seconds = time.perf_counter() - start
@@ -165,7 +193,7 @@ class CudaRunner:
         # cudaGraphLaunch on the current stream: no host synchronisation.
         graph.replay()
 
-    def release(self, graph: torch.cuda.CUDAGraph | None) -> None:
+    def release(self, graph: Any) -> None:
         if graph is not None:
             graph.reset()
 
@@ -177,16 +205,36 @@ class CudaRunner:
                     graph.capture_end()
                 except Exception:
                     pass
+        # a capture_end that failed leaves the allocator routing this thread's
+        # allocations to the pool: end that, then use a fresh pool
+        end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+        if end is not None:
+            try:
+                end(self.device.index, self.pool)
+            except Exception:
+                pass
         try:
             graph.reset()
         except Exception:
             pass
         del graph
+        if self._given_pool is None:
+            self._new_pool()
         heal_generator(self.device)
         try:
             torch.cuda.synchronize(self.device)
         except Exception:
             pass
+
+
+class _EmptyGraph:
+    """A capture that recorded no kernel: replaying it does nothing."""
+
+    def replay(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
 
 
 def heal_generator(device: torch.device) -> None:

@@ -110,10 +110,13 @@ def _frames(exc: BaseException) -> list:
     return traceback.extract_tb(exc.__traceback__)
 
 
+def _in_distributions(exc: BaseException) -> bool:
+    return any(os.sep + "distributions" + os.sep in f.filename for f in _frames(exc))
+
+
 def _refine_host_sync(exc: BaseException) -> str | None:
     """A more precise hint for a host sync, from the frames and the user's line."""
-    frames = _frames(exc)
-    if any(os.sep + "distributions" + os.sep in f.filename for f in frames):
+    if _in_distributions(exc):
         return (
             "torch.distributions validates its arguments, which reads tensor values on the host. "
             "Create the distribution with validate_args=False, or call "
@@ -154,6 +157,12 @@ def diagnose(owner: str, original: BaseException, end_error: BaseException | Non
         if any(marker in text for marker in markers):
             if cause in ("host-sync", "capture-invalidated"):
                 hint = _refine_host_sync(original) or hint
+            if cause == "cpu-to-gpu-copy" and _in_distributions(original):
+                hint = (
+                    "torch.distributions turns Python numbers into tensors on the CPU and copies "
+                    "them to the GPU: pass tensors on the GPU instead (e.g. Normal(loc, "
+                    "torch.ones_like(loc)) rather than Normal(loc, 1.0))."
+                )
             return CaptureError(owner, cause, hint, original, _user_frame(original))
     return CaptureError(
         owner,

@@ -95,8 +95,10 @@ class Effects:
     def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list) -> None:
         if self.written:
             inputs.copy_back(leaves, self.written)
-        for op in self.ops:
-            target = resolve(op[1], tree, objs)
+        # the objects as the call passed them, before any op moves one (a nested
+        # TensorDict written into, then deleted from its parent)
+        targets = [resolve(op[1], tree, objs) for op in self.ops]
+        for op, target in zip(self.ops, targets):
             kind = op[0]
             if kind == "td":
                 _, _, writes, deletes, batch_size, names = op

@@ -47,6 +47,9 @@ from ._tree import flatten
 __all__ = ["CudaGraphModule"]
 
 
+_NOTHING = object()
+
+
 def _safe_leaves(tree: Any) -> list:
     return [leaf for leaf in flatten(tree)[0] if isinstance(leaf, torch.Tensor)]
 
@@ -249,7 +252,7 @@ class CudaGraphModule:
     @property
     def pool(self) -> Any:
         """The memory pool of this wrapper's graphs (pass it as ``pool=`` to share it)."""
-        return getattr(self._runner, "pool", None)
+        return getattr(self._runner, "mempool", None) or getattr(self._runner, "pool", None)
 
     @property
     def graph(self) -> torch.cuda.CUDAGraph | None:
@@ -424,9 +427,14 @@ class CudaGraphModule:
             entry, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
                               leaves=leaves, mode=mode, clone=self._clone, texts=texts)
         except CaptureError as err:
-            if err.cause == USER_ERROR:  # the function's own error, as eagerly: nothing changes
-                raise err.original from None
-            return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs)
+            if err.cause != USER_ERROR:
+                return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs)
+            # The function raised while it was captured, with no sign of the capture being to
+            # blame. Run the call eagerly: it raises as it would have (with the same partial
+            # effects on the arguments), and the wrapper is unchanged.
+            out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
+            # It did not raise eagerly: the capture was to blame after all.
+            return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs, ran=out)
         self._mode = reader
         self._entries.insert(0, entry)
         self._state = State.CAPTURED
@@ -435,18 +443,25 @@ class CudaGraphModule:
         self._stats.capture_seconds = self._runner.capture_seconds
         return entry.finish(leaves, objs, tree)
 
-    def _capture_failed(self, err, layout, leaves, mode, reader, args, kwargs) -> Any:
+    def _capture_failed(self, err, layout, leaves, mode, reader, args, kwargs, ran: Any = _NOTHING) -> Any:
+        """A failed capture; ``ran`` is the call's result if it already ran eagerly."""
         self._stats.capture_failures += 1
         if self.options.on_capture_failure == "raise":
             self._failure = err
             self._state = State.FAILED
-            raise err
+            if ran is _NOTHING:
+                raise err
+            warnings.warn(f"{err}\nThe call ran eagerly instead; later calls raise until reset().",
+                          UserWarning, stacklevel=4)
+            return ran
         warnings.warn(f"{err}\n{self._owner} runs eagerly from now on (on_capture_failure='eager').",
                       UserWarning, stacklevel=4)
         self._mode = reader
         self._eager_spec, self._eager_mode = InputSpec(layout, leaves, mode), mode
         self._state = State.EAGER
         self._stats.eager_calls += 1
+        if ran is not _NOTHING:
+            return ran
         return self._runner.run_eager(lambda: self.module(*args, **kwargs))
 
     def _eager_call(self, args: tuple, kwargs: dict) -> Any:

@@ -17,9 +17,8 @@ import math
 from typing import Any, Sequence
 
 import torch
-from tensordict import TensorDictBase
 
-from ._tree import NO_TDS, Layout, Slot, flatten
+from ._tree import NO_TDS, Layout, Slot, flatten, is_slot_value
 
 try:  # dynamo's C++ tensor check; optional, the Python comparison is the reference
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -143,9 +142,7 @@ class InputSpec:
             return None
         if self.lone_slot is not None and len(args) == 1 and not kwargs:
             obj = args[0]
-            if not isinstance(obj, TensorDictBase):
-                return None
-            leaves = self.lone_slot.read(obj)
+            leaves = self.lone_slot.read(obj) if is_slot_value(obj) else None
             if leaves is not None and self.matches(leaves):
                 return leaves, {0: obj}
             return None

@@ -24,17 +24,21 @@ fi
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   : > "$OUT/tests.log"
-  for f in tests/test_*.py; do
-    # One process per file: a capture that breaks CUDA state stays inside its file, and a
-    # crash shows as that file's failure instead of hiding the others' results.
-    timeout 300 python3 -m pytest -q -p no:cacheprovider "$f" >"$OUT/one.log" 2>&1
-    rc=$?
-    cat "$OUT/one.log" >> "$OUT/tests.log"
-    line=$(grep -E "(passed|failed|error|skipped|no tests ran)" "$OUT/one.log" | tail -n 1)
-    printf '%-44s rc=%-3s %s\n' "$f" "$rc" "$line" | tee -a "$OUT/summary.txt"
+  mkdir -p /tmp/gm-logs
+  # One process per file, 4 at a time: a capture that breaks CUDA state stays inside its
+  # file, and a crash shows as that file's failure instead of hiding the others' results.
+  find tests -name 'test_*.py' | sort | xargs -P "${GM_JOBS:-4}" -I{} sh -c '
+    f={}; log=/tmp/gm-logs/$(echo "$f" | tr / _).log
+    timeout "${GM_FILE_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --strict-markers --benchmark-disable" "$f" >"$log" 2>&1
+    echo $? > "$log.rc"'
+  for f in $(find tests -name 'test_*.py' | sort); do
+    log=/tmp/gm-logs/$(echo "$f" | tr / _).log
+    rc=$(cat "$log.rc")
+    cat "$log" >> "$OUT/tests.log"
+    line=$(grep -E "(passed|failed|error|skipped|no tests ran)" "$log" | tail -n 1)
+    printf '%-48s rc=%-3s %s\n' "$f" "$rc" "$line" | tee -a "$OUT/summary.txt"
     if [ "$rc" -ne 0 ]; then status=1; fi
   done
-  rm -f "$OUT/one.log"
   python3 - "$OUT/summary.txt" <<'PY' | tee -a "$OUT/summary.txt"
 import re, sys
 tot = {}

@@ -15,9 +15,12 @@ def _healthy(cuda):
     assert not torch.cuda.is_current_stream_capturing()
     torch.randn(8, device=cuda).sum().item()  # raised "Offset increment outside graph capture" before
     ok = CudaGraphModule(lambda x: x + torch.rand_like(x), warmup=1)
-    for _ in range(3):
-        out = ok(torch.zeros(4, device=cuda))
-    assert ok.stats.replays == 2 and out.shape == (4,)
+    outs = [ok(torch.zeros(64, device=cuda)) for _ in range(3)]
+    assert ok.stats.replays == 2
+    for out in outs:
+        assert out.shape == (64,) and bool(((out >= 0) & (out < 1)).all())
+    # the generator still advances at each replay: two replays draw different values
+    assert not torch.equal(outs[1], outs[2])
 
 
 def test_host_sync_is_named_and_not_retried(cuda):

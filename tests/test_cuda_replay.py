@@ -50,16 +50,26 @@ def test_kwargs_are_matched_by_name_not_position(cuda):
 
 
 def test_randomness_is_redrawn_at_each_replay(cuda):
-    drop = nn.Dropout(0.5).train()
-    g = CudaGraphModule(lambda x: drop(x) + torch.randn_like(x), warmup=1)
-    x = torch.ones(4096, device=cuda)
-    outs = [g(x) for _ in range(5)]
-    assert g.stats.replays == 4
-    for a, b in zip(outs[1:], outs[2:]):
-        assert not torch.equal(a, b)
-    # dropout keeps about half
-    kept = (outs[-1].sub(torch.zeros_like(x)).abs() > 0).float().mean()
-    assert 0.2 < kept.item() <= 1.0
+    p, n = 0.5, 4096
+    drop = nn.Dropout(p).train()
+    # the dropout mask and the noise as two outputs, so that each is checked alone
+    g = CudaGraphModule(lambda x: (drop(x), torch.randn_like(x)), warmup=1)
+    x = torch.ones(n, device=cuda)
+    outs = [g(x) for _ in range(5)]  # a warmup call, the capture, three replays
+    assert g.stats.replays == 4 and g.state == "captured"
+    for dropped, noise in outs:
+        # dropout zeroes about half and scales what it keeps by 1 / (1 - p)
+        kept = dropped != 0
+        torch.testing.assert_close(dropped[kept], torch.full_like(dropped[kept], 1 / (1 - p)), rtol=0, atol=0)
+        assert 0.45 < kept.float().mean().item() < 0.55  # 6 standard deviations of n draws
+        # the noise is standard normal, not zeros, a constant or the dropout's output
+        assert abs(noise.mean().item()) < 0.1 and 0.9 < noise.std().item() < 1.1
+        assert noise.unique().numel() > n // 2
+    # each call draws afresh, for both: no two masks and no two noises are the same
+    for i in range(len(outs)):
+        for j in range(i):
+            assert not torch.equal(outs[i][0], outs[j][0]), (i, j)
+            assert not torch.equal(outs[i][1], outs[j][1]), (i, j)
 
 
 def test_default_outputs_are_never_overwritten(cuda):

@@ -101,10 +101,70 @@ def test_tensordict_argument_of_a_plain_function(cuda):
 def test_missing_in_key_and_batch_size_are_reported(cuda):
     module = TensorDictModule(nn.Linear(3, 2), in_keys=["obs"], out_keys=["act"]).to(cuda)
     g = CudaGraphModule(module, warmup=1)
+    header = "CudaGraphModule(TensorDictModule) was captured with other inputs than this call's"
+    batch_advice = (
+        "To fix: CUDA graphs replay fixed shapes: pass a TensorDict of the captured batch size, "
+        "or use one CudaGraphModule per batch size."
+    )
+    keys_advice = (
+        "To fix: pass the same containers, keys and number of arguments as at capture "
+        "(keyword arguments are matched by name)."
+    )
+    # tensordict's wrapper's phrases, kept for code that matches on them
+    batch_compat = (
+        "(tensordict.nn.CudaGraphModule's words: CudaGraphModule was captured with "
+        "batch_size=torch.Size([4]) but got batch_size=torch.Size([5]). CUDA graphs replay fixed shapes.)"
+    )
+    missing_compat = (
+        "(tensordict.nn.CudaGraphModule's words: CudaGraphModule input is missing the in_keys "
+        "['obs'] that the captured graph reads.)"
+    )
     with torch.no_grad():
         for _ in range(3):
             g(TensorDict(obs=torch.randn(4, 3, device=cuda), batch_size=[4]))
-        with pytest.raises(InputMismatchError) as info:
+        assert g.state == "captured"
+        with pytest.raises(InputMismatchError) as batch:
             g(TensorDict(obs=torch.randn(5, 3, device=cuda), batch_size=[5]))
-    kinds = sorted(m.kind for m in info.value.mismatches)
-    assert kinds == ["batch_size", "shape"]
+        with pytest.raises(InputMismatchError) as missing:
+            g(TensorDict(observation=torch.randn(4, 3, device=cuda), batch_size=[4]))
+        with pytest.raises(InputMismatchError) as both:
+            g(TensorDict(observation=torch.randn(5, 3, device=cuda), batch_size=[5]))
+        out = g(TensorDict(obs=torch.randn(4, 3, device=cuda), batch_size=[4]))  # still usable
+    assert out["act"].shape == (4, 2)
+    assert [m.describe() for m in batch.value.mismatches] == [
+        "tensordict: expected batch_size (4,), got (5,)",
+        "tensordict['obs']: expected shape (4, 3), got (5, 3)",
+    ]
+    assert str(batch.value) == "\n".join([
+        f"{header} (2 mismatches):",
+        "  tensordict: expected batch_size (4,), got (5,)",
+        "  tensordict['obs']: expected shape (4, 3), got (5, 3)",
+        batch_advice,
+        "To fix: CUDA graphs replay fixed shapes: pad or slice the input to the captured shape, "
+        "or use one CudaGraphModule per shape.",
+        batch_compat,
+        "(tensordict.nn.CudaGraphModule's words: CudaGraphModule was captured with the entry 'obs' "
+        "of shape torch.Size([4, 3]) but got shape torch.Size([5, 3]). CUDA graphs replay fixed shapes.)",
+    ])
+    # the missing in-key is named with the tensor the graph was captured with, on its GPU
+    expected = f"a tensor of shape (4, 3), torch.float32 on {cuda}"  # e.g. cuda:0
+    assert [(m.path, m.kind, m.expected) for m in missing.value.mismatches] == [
+        ("tensordict['obs']", "missing", expected),
+    ]
+    assert str(missing.value) == "\n".join([
+        f"{header} (1 mismatch):",
+        f"  tensordict['obs']: missing (expected {expected})",
+        keys_advice,
+        missing_compat,
+    ])
+    # both at once: every mismatch of the call is listed, each advice once
+    assert str(both.value) == "\n".join([
+        f"{header} (2 mismatches):",
+        "  tensordict: expected batch_size (4,), got (5,)",
+        f"  tensordict['obs']: missing (expected {expected})",
+        batch_advice,
+        keys_advice,
+        batch_compat,
+        missing_compat,
+    ])
+    assert g.stats.input_mismatches == 3

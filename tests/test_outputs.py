@@ -35,9 +35,11 @@ class TestOutputs:
 
     def test_nested_outputs_keep_their_structure(self, make):
         g = _replaying(make, lambda x: {"a": x + 1, "b": [x * 2, "label"], "c": None}, torch.zeros(2))
-        out = g(torch.ones(2))
+        out = g(torch.full((2,), 3.0))  # a different value in each leaf: swapped leaves show
         assert set(out) == {"a", "b", "c"} and out["b"][1] == "label" and out["c"] is None
-        torch.testing.assert_close(out["b"][0], torch.full((2,), 2.0))
+        assert isinstance(out["b"], list) and len(out["b"]) == 2
+        torch.testing.assert_close(out["a"], torch.full((2,), 4.0))
+        torch.testing.assert_close(out["b"][0], torch.full((2,), 6.0))
 
     def test_returned_input_is_the_callers_tensor(self, make):
         g = _replaying(make, lambda x: (x, x + 1), torch.zeros(2))

@@ -55,10 +55,17 @@ class TestTensorLeaves:
         text = str(info.value)
         assert "(3 mismatches)" in text and text.count("To fix:") == 3
 
-    def test_non_contiguous_input_of_the_captured_shape_is_accepted(self, make):
-        g = _captured(make, lambda x: x + 1, torch.zeros(3, 4))
-        x = torch.arange(12.0).reshape(4, 3).t()
-        torch.testing.assert_close(g(x), x + 1)
+    @pytest.mark.parametrize("backend", ["eager", "simulate"])
+    def test_non_contiguous_input_of_the_captured_shape_is_accepted(self, make, backend):
+        # simulated replays copy it into the captured (contiguous) buffer: element by
+        # element, not storage order
+        g = make(lambda x: x + 1, warmup=1, backend=backend)
+        g(torch.zeros(3, 4))
+        g(torch.zeros(3, 4))
+        for i in range(2):
+            x = (torch.arange(12.0) + 12 * i).reshape(4, 3).t()
+            assert not x.is_contiguous()
+            torch.testing.assert_close(g(x), x + 1)
 
     def test_requires_grad_is_refused_with_advice(self, make):
         g = make(lambda x: x * 2, backend="eager")
@@ -122,9 +129,19 @@ class TestConstants:
         with pytest.raises(InputMismatchError):
             g(torch.ones(2), True)
 
-    def test_equal_constant_passes(self, make):
-        g = _captured(make, lambda x, mode: x * (2 if mode == "double" else 1), torch.ones(2), "double")
-        torch.testing.assert_close(g(torch.ones(2), "double"), torch.full((2,), 2.0))
+    @pytest.mark.parametrize(
+        "captured, equal",
+        [
+            ("double", "".join(["dou", "ble"])),  # equal, not the same (interned) object
+            (1000, int("1000")),  # outside CPython's small-int cache
+            (0.5, float("0.5")),
+        ],
+    )
+    def test_equal_constant_passes(self, make, captured, equal):
+        assert captured == equal and captured is not equal  # compared by value, not identity
+        g = _captured(make, lambda x, c: x * (2 if c == captured else 1), torch.ones(2), captured)
+        torch.testing.assert_close(g(torch.ones(2), equal), torch.full((2,), 2.0))
+        assert g.stats.input_mismatches == 0
 
     def test_none_is_part_of_the_structure(self, make):
         g = _captured(make, lambda x, mask: x if mask is None else x * mask, torch.ones(2), None)

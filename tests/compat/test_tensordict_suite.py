@@ -94,28 +94,31 @@ def test_cudagraph_module_is_released_without_gc_simulated(is_tensordict_module)
         assert wrapper_ref() is None
 
 
+# original: TestCudaGraphs._set_cuda_device (a class-scoped fixture written as a method
+# there; newer pytest deprecates that form, so it lives here and the class uses it)
+@pytest.fixture(scope="class")
+def _set_cuda_device():
+    device = torch.get_default_device()
+    do_unset = False
+    for tdtype in PYTREE_REGISTERED_TDS + PYTREE_REGISTERED_LAZY_TDS:
+        if tdtype in SUPPORTED_NODES:
+            do_unset = True
+            excluder = _exclude_td_from_pytree()
+            excluder.set()
+            break
+    if torch.cuda.is_available():
+        torch.set_default_device("cuda:0")
+    yield
+    if do_unset:
+        excluder.unset()
+    torch.set_default_device(device)
+
+
+@pytest.mark.usefixtures("_set_cuda_device")
 @pytest.mark.parametrize("compiled", [False, True])
 class TestCudaGraphs:
     # original: the guards tensordict writes as ``torch.cuda.is_available()``
     REPLAYS = torch.cuda.is_available()
-
-    # original: TestCudaGraphs._set_cuda_device
-    @pytest.fixture(scope="class", autouse=True)
-    def _set_cuda_device(self):
-        device = torch.get_default_device()
-        do_unset = False
-        for tdtype in PYTREE_REGISTERED_TDS + PYTREE_REGISTERED_LAZY_TDS:
-            if tdtype in SUPPORTED_NODES:
-                do_unset = True
-                excluder = _exclude_td_from_pytree()
-                excluder.set()
-                break
-        if torch.cuda.is_available():
-            torch.set_default_device("cuda:0")
-        yield
-        if do_unset:
-            excluder.unset()
-        torch.set_default_device(device)
 
     # original: TestCudaGraphs.test_cudagraphs_random
     def test_cudagraphs_random(self, compiled):
