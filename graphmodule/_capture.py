@@ -24,12 +24,17 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ._diagnose import diagnose
+from ._errors import GraphStateError
 
 __all__ = ["CAPTURE_ERROR_MODES", "CudaRunner", "EagerRunner", "Runner", "SimulatedRunner", "capturing"]
 
 CAPTURE_ERROR_MODES = ("thread_local", "global", "relaxed")
 
 _LOCAL = threading.local()
+# graphs alive per pool id, and the pool ids ever captured into (a pool with no graph
+# left is freed by torch and cannot be captured into again)
+_LIVE: dict[Any, int] = {}
+_USED: set = set()
 
 
 def capturing() -> bool:
@@ -114,8 +119,9 @@ class CudaRunner:
     def _new_pool(self) -> None:
         """The memory pool every graph of this runner captures into.
 
-        A ``torch.cuda.MemPool`` keeps its pool alive while it exists, so graphs can be
-        released and captured again into it (a bare pool id dies with its last graph).
+        A pool dies with the last graph captured into it (torch frees its device and
+        pinned-host blocks then), so a runner that owns its pool starts a new one once
+        its graphs are all released. A pool passed in is the caller's to keep alive.
         """
         given = self._given_pool
         if given is not None:
@@ -126,6 +132,18 @@ class CudaRunner:
             mempool_cls = getattr(torch.cuda, "MemPool", None)
             self.mempool = mempool_cls() if mempool_cls is not None else None
             self.pool = self.mempool.id if self.mempool is not None else torch.cuda.graph_pool_handle()
+
+    def _check_pool(self, owner: str) -> None:
+        if _LIVE.get(self.pool, 0) > 0 or self.pool not in _USED:
+            return
+        if self._given_pool is None:
+            self._new_pool()
+            return
+        raise GraphStateError(
+            f"{owner} was given a memory pool whose graphs were all released, which frees the "
+            "pool for good. Pass a new pool (torch.cuda.graph_pool_handle(), or the pool of a "
+            "wrapper that still holds a graph)."
+        )
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
         with torch.cuda.device(self.device):
@@ -138,6 +156,7 @@ class CudaRunner:
 
     def capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]:
         start = time.perf_counter()
+        self._check_pool(owner)
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream()
             torch.cuda.synchronize()
@@ -184,6 +203,10 @@ class CudaRunner:
                 raise diagnose(owner, original, end_error) from original
             if empty:
                 graph = _EmptyGraph()
+            else:
+                _USED.add(self.pool)
+                _LIVE[self.pool] = _LIVE.get(self.pool, 0) + 1
+                graph._graphmodule_pool = self.pool
             # a capture records without running: run once, so `out` holds this call's results
             graph.replay()
         self.capture_seconds = time.perf_counter() - start
@@ -194,8 +217,14 @@ class CudaRunner:
         graph.replay()
 
     def release(self, graph: Any) -> None:
-        if graph is not None:
-            graph.reset()
+        if graph is None:
+            return
+        pool = getattr(graph, "_graphmodule_pool", None)
+        graph.reset()
+        if pool is not None:
+            _LIVE[pool] -= 1
+            if _LIVE[pool] == 0 and pool == self.pool and self._given_pool is None:
+                self._new_pool()
 
     def _recover(self, graph: torch.cuda.CUDAGraph) -> None:
         """Leave the process as it was before the failed capture."""

@@ -123,9 +123,10 @@ class Entry:
                                           f"of {name(group)}", f"byte offset {offset}"))
         return found
 
-    def make_refresh(self, rerun) -> Any:
+    def make_refresh(self, rerun, module: Any = None) -> Any:
         """For a simulated graph: re-run the function and update the static results."""
         graph = self.plan.graph
+        self._module = module
 
         def refresh() -> None:
             out, mat = rerun()
@@ -142,6 +143,9 @@ class Entry:
                 else:
                     for value, recipe in zip(target, op[2]):
                         collect(recipe, value, found)
+            # A real replay runs no Python; this re-run did, and may have rebound what the
+            # watch holds (``group["lr"] = ...`` inside the function): look again.
+            self.watch = Watch(self._module) if self._module is not None else self.watch
             with torch.no_grad():
                 for j, fresh in found.items():
                     static = graph[j]

@@ -133,7 +133,7 @@ def record(
         clone=clone,
     )
     if getattr(handle, "refresh", False) is None:  # a simulated graph
-        handle.refresh = entry.make_refresh(rerun_body(module, inputs))
+        handle.refresh = entry.make_refresh(rerun_body(module, inputs), module)
     entry.texts = texts
     return entry, materialized
 

@@ -27,11 +27,11 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   mkdir -p /tmp/gm-logs
   # One process per file, 4 at a time: a capture that breaks CUDA state stays inside its
   # file, and a crash shows as that file's failure instead of hiding the others' results.
-  find tests -name 'test_*.py' | sort | xargs -P "${GM_JOBS:-4}" -I{} sh -c '
+  find ${GM_TESTS:-tests} -name 'test_*.py' | sort | xargs -P "${GM_JOBS:-4}" -I{} sh -c '
     f={}; log=/tmp/gm-logs/$(echo "$f" | tr / _).log
     timeout "${GM_FILE_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --strict-markers --benchmark-disable" "$f" >"$log" 2>&1
     echo $? > "$log.rc"'
-  for f in $(find tests -name 'test_*.py' | sort); do
+  for f in $(find ${GM_TESTS:-tests} -name 'test_*.py' | sort); do
     log=/tmp/gm-logs/$(echo "$f" | tr / _).log
     rc=$(cat "$log.rc")
     cat "$log" >> "$OUT/tests.log"

@@ -5,8 +5,6 @@ check that aliasing, views, writes (also through ``.data``), container effects,
 staleness, modes and Python-state refusal hold with real graphs.
 """
 
-import itertools
-
 import pytest
 import torch
 from tensordict import TensorDict
@@ -199,17 +197,20 @@ def test_python_state_changed_by_the_function_is_refused(cuda):
 
 
 def test_users_own_error_at_capture_leaves_cuda_working(cuda):
-    flag = itertools.count()
+    bad = {"batch": False}
 
     def f(x):
-        if next(flag) == 1:
+        if bad["batch"]:
             raise ValueError("bad batch")
         return x * 2
 
     g = CudaGraphModule(f, warmup=1)
     g(torch.ones(1, device=cuda))
+    bad["batch"] = True
     with pytest.raises(ValueError, match="bad batch"):
         g(torch.ones(1, device=cuda))
+    assert g.state == "warmup"
+    bad["batch"] = False
     torch.randn(4, device=cuda)
     torch.testing.assert_close(g(torch.ones(1, device=cuda)), torch.full((1,), 2.0, device=cuda))
     assert g.state == "captured"

@@ -1,0 +1,1 @@
+"""Runnable examples; ``examples.envs`` holds the batched torch Pendulum used by the program tests."""

@@ -1,0 +1,136 @@
+"""What the programs share: the wrapper factories, a replay buffer, timing and metrics."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+WRAPPERS = ("eager", "tensordict", "graphmodule")
+
+
+def make_wrap(name: str, *, backend: str = "auto") -> Callable[..., Any]:
+    """The factory ``wrap(fn, **kwargs)`` that a program applies to each function it graphs.
+
+    ``"eager"`` returns ``fn`` itself (the keyword arguments are the wrapper's options and
+    are dropped), ``"tensordict"`` builds ``tensordict.nn.CudaGraphModule(fn, **kwargs)``,
+    ``"graphmodule"`` builds ``graphmodule.CudaGraphModule(fn, backend=backend, **kwargs)``.
+    The wrappers built are kept in ``wrap.built`` (in order), so callers can inspect them.
+    Without CUDA, both wrappers warn that they run eagerly; the factory silences that one warning.
+    """
+    if name not in WRAPPERS:
+        raise ValueError(f"wrapper must be one of {WRAPPERS} (got {name!r})")
+
+    def wrap(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
+        if name == "eager":
+            return fn
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*without CUDA device available", UserWarning)
+            warnings.filterwarnings("ignore", ".*CUDA is not available", UserWarning)
+            if name == "tensordict":
+                from tensordict.nn import CudaGraphModule
+                wrapped = CudaGraphModule(fn, **kwargs)
+            else:
+                from graphmodule import CudaGraphModule
+                wrapped = CudaGraphModule(fn, backend=backend, **kwargs)
+        wrap.built.append(wrapped)
+        return wrapped
+
+    wrap.name = name
+    wrap.built = []
+    return wrap
+
+
+def mlp(n_in: int, hidden: int, n_out: int, act: type[nn.Module], device: Any) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(n_in, hidden, device=device), act(),
+        nn.Linear(hidden, hidden, device=device), act(),
+        nn.Linear(hidden, n_out, device=device),
+    )
+
+
+def capturable(device: torch.device) -> bool:
+    """Optimizers step inside CUDA graphs only with ``capturable=True`` (CUDA tensors only)."""
+    return torch.device(device).type == "cuda"
+
+
+class ReplayBuffer:
+    """A circular buffer of transitions (a TensorDict) on the device, sampled uniformly.
+
+    ``extend`` writes at device-side indices and ``sample`` draws them with
+    ``torch.randint``: the cursor and size are Python ints, so neither waits for the device.
+    """
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.capacity, self.device = capacity, torch.device(device)
+        self.storage: TensorDict | None = None
+        self.cursor = self.size = 0
+
+    def extend(self, td: TensorDict) -> None:
+        n = td.shape[0]
+        if self.storage is None:
+            self.storage = td[0].expand(self.capacity).clone().zero_()
+        index = (torch.arange(n, device=self.device) + self.cursor) % self.capacity
+        self.storage[index] = td
+        self.cursor = (self.cursor + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int) -> TensorDict:
+        index = torch.randint(self.size, (batch_size,), device=self.device)
+        return self.storage[index]
+
+
+def episode_return(episode_reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    """Mean return of the episodes that ended (NaN if none), without a host sync."""
+    done = done.float()
+    return (episode_reward * done).sum() / done.sum()
+
+
+class Clock:
+    """Wall time of the measured part of a run, with the device drained at both ends."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.start = self.end = None
+        self.steps = 0
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def begin(self) -> None:
+        self.start = self._now()
+
+    def tick(self, n: int) -> None:
+        """Count ``n`` steps, if the measured part has begun."""
+        if self.start is not None:
+            self.steps += n
+
+    def stop(self, unit: str) -> dict:
+        self.end = self._now()
+        seconds = self.end - self.start if self.start is not None else math.nan
+        return {
+            "unit": unit,
+            "steps": self.steps,
+            "seconds": seconds,
+            "steps_per_s": self.steps / seconds if self.steps else math.nan,
+            "t_start": self.start,
+            "t_end": self.end,
+        }
+
+
+def finish(metrics: dict[str, list[torch.Tensor]], timing: dict) -> dict:
+    """Turn the per-iteration metric tensors into lists of floats (one sync, at the end)."""
+    out = {k: torch.stack([v.reshape(()).float() for v in vals]).tolist() if vals else []
+           for k, vals in metrics.items()}
+    return {"metrics": out, "timing": timing}
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)  # CPU and every CUDA device
