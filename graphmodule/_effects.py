@@ -89,10 +89,12 @@ class Effects:
                 deletes = [name for name in old if name not in kept]
                 batch_size = after[2] if after[2] != before[2] else None
                 names = after[3] if after[3] != before[3] else _ABSENT
-                self.ops.append(("td", ref, writes, deletes, batch_size, names))
+                moved = _appended([name for name, _ in before[1]], [name for name, _ in after[1]])
+                self.ops.append(("td", ref, writes, deletes, batch_size, names, moved))
         self.any = bool(self.written or self.ops)
 
-    def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list) -> None:
+    def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list,
+              memo: dict | None = None) -> None:
         if self.written:
             inputs.copy_back(leaves, self.written)
         # the objects as the call passed them, before any op moves one (a nested
@@ -101,7 +103,7 @@ class Effects:
         for op, target in zip(self.ops, targets):
             kind = op[0]
             if kind == "td":
-                _, _, writes, deletes, batch_size, names = op
+                _, _, writes, deletes, batch_size, names, moved = op
                 if deletes:
                     for name in deletes:
                         if name in target.keys():
@@ -110,20 +112,43 @@ class Effects:
                 if batch_size is not None:
                     target.batch_size = batch_size
                 for name, recipe in writes:
-                    value = build(recipe, values, leaves, objs, tree)
+                    value = build(recipe, values, leaves, objs, tree, memo)
                     if raw and isinstance(value, torch.Tensor):
                         target._tensordict[name] = value
                     else:
+                        target.set(name, value)
+                for name in moved:  # deleted and set again: last, as eagerly
+                    if raw:
+                        target._tensordict[name] = target._tensordict.pop(name)
+                    elif name in target.keys():
+                        value = target.get(name)
+                        del target[name]
                         target.set(name, value)
                 if names is not _ABSENT:
                     target.names = list(names) if names is not None else None
             elif kind == "dict":
                 _, _, keys, recipes = op
-                items = [build(r, values, leaves, objs, tree) for r in recipes]
+                items = [build(r, values, leaves, objs, tree, memo) for r in recipes]
                 target.clear()
                 target.update(zip(keys, items))
             else:
-                target[:] = [build(r, values, leaves, objs, tree) for r in op[2]]
+                target[:] = [build(r, values, leaves, objs, tree, memo) for r in op[2]]
 
 
 _ABSENT = object()
+
+
+def _appended(before: list, after: list) -> list:
+    """The keys of ``after`` that a dict would hold last: new, or deleted and set again.
+
+    Keys never deleted keep their order and come first; what follows the longest such
+    prefix was (re)inserted during the call.
+    """
+    position = {name: i for i, name in enumerate(before)}
+    last, n = -1, 0
+    for name in after:
+        i = position.get(name)
+        if i is None or i < last:
+            break
+        last, n = i, n + 1
+    return [name for name in after[n:] if name in position]

@@ -81,9 +81,10 @@ class Entry:
 
     def finish(self, leaves: Any, objs: dict, tree: Any) -> Any:
         values = self.plan.values(self.clone)
+        memo: dict = {}
         if self.effects.any:
-            self.effects.apply(self.inputs, leaves, objs, tree, values)
-        return build(self.out_recipe, values, leaves, objs, tree)
+            self.effects.apply(self.inputs, leaves, objs, tree, values, memo)
+        return build(self.out_recipe, values, leaves, objs, tree, memo)
 
     def release(self) -> None:
         self.runner.release(self.handle)
@@ -129,11 +130,10 @@ class Entry:
         self._module = module
 
         def refresh() -> None:
-            out, mat = rerun()
+            out, targets = rerun([op[1] for op in self.effects.ops])
             found: dict[int, torch.Tensor] = {}
             collect(self.out_recipe, out, found)
-            for op in self.effects.ops:
-                target = resolve(op[1], mat.tree, mat.slot_objs)
+            for op, target in zip(self.effects.ops, targets):
                 if op[0] == "td":
                     for name, recipe in op[2]:
                         collect(recipe, target.get(name), found)
@@ -168,10 +168,11 @@ def _span_bytes(t: torch.Tensor) -> torch.Tensor:
 def rerun_body(module: Any, inputs: StaticInputs):
     """A fresh run of ``module`` on the buffers, with fresh containers (simulated replays)."""
 
-    def rerun():
+    def rerun(refs: list) -> tuple[Any, list]:
         mat = Materialized(inputs)
+        targets = [resolve(ref, mat.tree, mat.slot_objs) for ref in refs]  # before the run moves any
         args, kwargs = mat.tree
-        return module(*args, **kwargs), mat
+        return module(*args, **kwargs), targets
 
     return rerun
 

@@ -22,6 +22,7 @@ tensors, the input TensorDict) take shortcuts.
 from __future__ import annotations
 
 import copy
+import enum
 import types
 from typing import Any
 
@@ -54,10 +55,14 @@ class PlanBuilder:
             inputs (parameters, buffers, optimizer state): returned as themselves.
     """
 
-    def __init__(self, inputs: StaticInputs, materialized: Materialized, externals: dict[int, Tensor]):
+    def __init__(self, inputs: StaticInputs, materialized: Materialized, externals: dict[int, Tensor],
+                 known: set[int] = frozenset()):
         self.inputs = inputs
         self.materialized = materialized
         self.externals = externals
+        self.known = known  # ids of objects that existed before the call (returned as themselves)
+        self._memo: dict[int, tuple] = {}
+        self._keep: list[Any] = []
         self.external_bases = {storage_base(t) for t in externals.values() if t.numel()}
         self.input_index: dict[int, int] = {}
         self.input_bases: dict[int, int] = {}
@@ -72,6 +77,15 @@ class PlanBuilder:
         self.stride_checked: set[int] = set()  # inputs whose views are handed back
 
     def plan(self, value: Any, depth: int = 0) -> tuple:
+        """The recipe of ``value``; one object met twice gets one recipe (built once per call)."""
+        recipe = self._memo.get(id(value))
+        if recipe is None:
+            recipe = self._plan(value, depth)
+            self._memo[id(value)] = recipe
+            self._keep.append(value)
+        return recipe
+
+    def _plan(self, value: Any, depth: int) -> tuple:
         if depth > 32:
             raise Unsupported("the value nests more than 32 levels deep")
         if isinstance(value, Tensor):
@@ -92,7 +106,7 @@ class PlanBuilder:
         if isinstance(value, dict) and type(value).__module__ in ("builtins", "collections"):
             extra = getattr(value, "default_factory", None)
             return (DICT, type(value), list(value.keys()), [self.plan(v, depth + 1) for v in value.values()], extra)
-        if self._holds_tensors(value, depth):
+        if self._fresh_object(value):
             attrs = list(vars(value).items())
             return (OBJECT, value, [(name, self.plan(v, depth + 1)) for name, v in attrs])
         return (CONST, value)
@@ -137,26 +151,17 @@ class PlanBuilder:
         names = tuple(td.names) if td._has_names() else None
         return (TD, td.batch_size, td.device, names, entries, td.is_locked)
 
-    def _holds_tensors(self, value: Any, depth: int) -> bool:
-        if isinstance(value, _SKIP_OBJECTS) or not hasattr(value, "__dict__"):
-            return False
-        seen: set[int] = set()
+    def _fresh_object(self, value: Any) -> bool:
+        """An object the function created (eagerly a new one each call): copied per call.
 
-        def holds(v: Any, d: int) -> bool:
-            if d > 4 or id(v) in seen:
-                return False
-            seen.add(id(v))
-            if isinstance(v, Tensor):
-                return id(v) not in self.externals
-            if isinstance(v, (TensorDictBase, list, tuple, dict)) or is_tensorclass(v):
-                items = v.values() if isinstance(v, (dict, TensorDictBase)) else (
-                    [v._tensordict] if is_tensorclass(v) else v)
-                return any(holds(x, d + 1) for x in items)
-            if isinstance(v, _SKIP_OBJECTS) or not hasattr(v, "__dict__"):
-                return False
-            return any(holds(x, d + 1) for x in vars(v).values())
-
-        return holds(value, depth)
+        Objects that existed before the call (a module, a config object) are returned as
+        themselves, as are immutable ones.
+        """
+        return (
+            hasattr(value, "__dict__")
+            and id(value) not in self.known
+            and not isinstance(value, (*_SKIP_OBJECTS, enum.Enum))
+        )
 
 
 class Plan:
@@ -266,8 +271,8 @@ def _attach_no_backward(out: list[Tensor], index: list[int]) -> None:
         out[j] = t
 
 
-def build(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any) -> Any:
-    """The value a recipe describes, for one call."""
+def build(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any, memo: dict | None = None) -> Any:
+    """The value a recipe describes, for one call; ``memo`` makes one object per recipe."""
     tag = recipe[0]
     if tag == GRAPH:
         return values[recipe[1]]
@@ -277,39 +282,49 @@ def build(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any) -> An
         return recipe[1]
     if tag == REF:
         return resolve(recipe[1], tree, objs)
+    if memo is None:
+        memo = {}
+    made = memo.get(id(recipe))
+    if made is None:
+        made = memo[id(recipe)] = _make(recipe, values, leaves, objs, tree, memo)
+    return made
+
+
+def _make(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any, memo: dict) -> Any:
+    tag = recipe[0]
     if tag == VIEW:
         _, i, size, stride, rel = recipe
         leaf = leaves[i]
         return leaf.as_strided(size, stride, leaf.storage_offset() + rel)
     if tag == TUPLE:
-        return tuple([build(r, values, leaves, objs, tree) for r in recipe[1]])
+        return tuple([build(r, values, leaves, objs, tree, memo) for r in recipe[1]])
     if tag == LIST:
-        return [build(r, values, leaves, objs, tree) for r in recipe[1]]
+        return [build(r, values, leaves, objs, tree, memo) for r in recipe[1]]
     if tag == DICT:
         _, cls, keys, children, extra = recipe
-        items = zip(keys, [build(r, values, leaves, objs, tree) for r in children])
+        items = zip(keys, [build(r, values, leaves, objs, tree, memo) for r in children])
         return cls(extra, items) if extra is not None else cls(items)
     if tag == NAMEDTUPLE:
-        return recipe[1](*[build(r, values, leaves, objs, tree) for r in recipe[2]])
+        return recipe[1](*[build(r, values, leaves, objs, tree, memo) for r in recipe[2]])
     if tag == TD:
         _, batch_size, device, names, entries, locked = recipe
-        source = {name: build(r, values, leaves, objs, tree) for name, r in entries}
+        source = {name: build(r, values, leaves, objs, tree, memo) for name, r in entries}
         td = TensorDict._new_unsafe(source=source, batch_size=batch_size, device=device)
         if names is not None:
             td.names = list(names)
         return td.lock_() if locked else td
     if tag == TC:
         _, cls, td_recipe, extra = recipe
-        return cls._from_tensordict(build(td_recipe, values, leaves, objs, tree), non_tensordict=dict(extra))
+        return cls._from_tensordict(build(td_recipe, values, leaves, objs, tree, memo), non_tensordict=dict(extra))
     if tag == OBJECT:
         _, template, attrs = recipe
         obj = copy.copy(template)
         for name, r in attrs:
-            object.__setattr__(obj, name, build(r, values, leaves, objs, tree))
+            object.__setattr__(obj, name, build(r, values, leaves, objs, tree, memo))
         return obj
     if tag == LAZY:
         _, dim, subs = recipe
-        return LazyStackedTensorDict(*[build(r, values, leaves, objs, tree) for r in subs], stack_dim=dim)
+        return LazyStackedTensorDict(*[build(r, values, leaves, objs, tree, memo) for r in subs], stack_dim=dim)
     raise AssertionError(f"unknown recipe {tag}")  # pragma: no cover
 
 

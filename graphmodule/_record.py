@@ -109,7 +109,7 @@ def record(
                 "hold it in a tensor the function updates in place.",
             )
         written = inputs.written(versions, snapshot)
-        builder = PlanBuilder(inputs, materialized, before.externals)
+        builder = PlanBuilder(inputs, materialized, before.externals, before.known)
         try:
             effects = Effects(written, containers.changes(), materialized, builder)
             out_recipe = builder.plan(out)

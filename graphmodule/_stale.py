@@ -90,6 +90,7 @@ class Watch:
         self.functions: list[tuple[Callable, str]] = []
         self.modules: list[tuple[nn.Module, str]] = []
         self._visit(fn, "module" if isinstance(fn, nn.Module) else "the wrapped callable", 0)
+        self.known = frozenset(self._seen)  # objects that exist outside the call
         self.freeze()
 
     # -- discovery (at capture) ------------------------------------------------------------

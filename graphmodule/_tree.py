@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import optree
 import torch
-from tensordict import TensorDict, TensorDictBase, is_tensorclass
+from tensordict import NonTensorData, TensorDict, TensorDictBase, is_tensorclass
 
 from ._paths import NestedKey, as_key
 
@@ -328,7 +328,12 @@ def build_td(node: Node, values: list) -> TensorDict:
     """A new dense TensorDict of ``node``'s structure over ``values`` (indexed by leaf)."""
     source = {}
     for name, child in node.entries:
-        source[name] = values[child] if type(child) is int else build_td(child, values)
+        if type(child) is not int:
+            source[name] = build_td(child, values)
+        elif isinstance(values[child], torch.Tensor):
+            source[name] = values[child]
+        else:  # a non-tensor entry, handed to the function as tensordict stores it
+            source[name] = NonTensorData(data=values[child], batch_size=node.batch_size, device=node.device)
     td = TensorDict._new_unsafe(source=source, batch_size=node.batch_size, device=node.device)
     if node.names is not None:
         td.names = list(node.names)
