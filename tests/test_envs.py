@@ -1,5 +1,6 @@
 """examples/envs.py: the batched torch Pendulum matches gymnasium's Pendulum-v1."""
 
+import warnings
 import math
 
 import numpy as np
@@ -126,7 +127,9 @@ def test_no_host_sync_on_cuda(cuda):
     env = Pendulum(64, cuda, seed=0, max_steps=3)
     td = env.reset()
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
+    with warnings.catch_warnings():  # "a prototype feature" notice, not a finding
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(8):
             td["action"] = torch.zeros(64, 1, device=cuda)
