@@ -31,6 +31,7 @@ __all__ = ["CAPTURE_ERROR_MODES", "CudaRunner", "EagerRunner", "Runner", "Simula
 CAPTURE_ERROR_MODES = ("thread_local", "global", "relaxed")
 
 _LOCAL = threading.local()
+_CAPTURE_LOCK = threading.RLock()
 # graphs alive per pool id, and the pool ids ever captured into (a pool with no graph
 # left is freed by torch and cannot be captured into again)
 _LIVE: dict[Any, int] = {}
@@ -155,6 +156,12 @@ class CudaRunner:
         return out
 
     def capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]:
+        # One capture at a time in the process: captures turn the garbage collector off
+        # and on, and a collector run inside another thread's capture can break it.
+        with _CAPTURE_LOCK:
+            return self._capture(body, owner)
+
+    def _capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]:
         start = time.perf_counter()
         self._check_pool(owner)
         with torch.cuda.device(self.device):

@@ -16,7 +16,9 @@ other call (warmup, a capture, another graph, a mismatch to explain) takes
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
+from threading import get_ident
 from typing import Any, Callable
 
 import torch
@@ -167,6 +169,11 @@ class CudaGraphModule:
         self._runner = self._make_runner(backend, device, capture_error_mode, pool)
         self.device = self._runner.device
         self._stats = GraphStats()
+        # One call at a time: calls share the graph's buffers. Reentrant, for a function
+        # that calls its own wrapper while another wrapper captures it.
+        self._lock = threading.RLock()
+        self._thread: int | None = None
+        self._stream: Any = None
         self._reset_state()
 
     def _make_runner(self, backend: str, device: Any, capture_error_mode: str, pool: Any):
@@ -328,6 +335,24 @@ class CudaGraphModule:
         return self._run((tensordict, *args), kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
+        with self._lock:
+            if get_ident() != self._thread:
+                self._switch_thread()
+            return self._run_locked(args, kwargs)
+
+    def _switch_thread(self) -> None:
+        """Another thread calls: order its stream after the last caller's, whose replay and
+        copies may still be running on the GPU when this call writes the same buffers."""
+        self._thread = get_ident()
+        device = self.device
+        if device is None or not torch.cuda.is_available():
+            return
+        stream = torch.cuda.current_stream(device)
+        if self._stream is not None and self._stream != stream:
+            stream.wait_stream(self._stream)
+        self._stream = stream
+
+    def _run_locked(self, args: tuple, kwargs: dict) -> Any:
         entries = self._entries
         if entries:
             entry = entries[0]
