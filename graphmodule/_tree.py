@@ -222,7 +222,9 @@ def _read_any(node: Node, td: TensorDictBase, out: list) -> bool:
     if node.exact and tuple(td.keys()) != node.keys:
         return False
     for name, child in node.entries:
-        value = td.get(name)
+        value = td.get(name, MISSING)
+        if value is MISSING:
+            return False
         if type(child) is int:
             out.append(td[name] if _is_non_tensor(value) else value)
         elif not _is_node(value) or value.batch_size != child.batch_size:
