@@ -146,6 +146,15 @@ class CudaRunner:
             "wrapper that still holds a graph)."
         )
 
+    def pool_bytes(self) -> int:
+        """Device memory in this runner's pool (segments of the caching allocator)."""
+        try:
+            segments = torch.cuda.memory_snapshot()
+        except Exception:  # pragma: no cover - allocator without snapshots
+            return 0
+        pool = tuple(self.pool)
+        return sum(s.get("total_size", 0) for s in segments if tuple(s.get("segment_pool_id", ())) == pool)
+
     def run_eager(self, body: Callable[[], Any]) -> Any:
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream()

@@ -16,6 +16,7 @@ other call (warmup, a capture, another graph, a mismatch to explain) takes
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import warnings
 from threading import get_ident
@@ -47,6 +48,8 @@ from ._stats import GraphStats
 from ._tree import flatten
 
 __all__ = ["CudaGraphModule"]
+
+log = logging.getLogger("graphmodule")
 
 
 _NOTHING = object()
@@ -227,6 +230,7 @@ class CudaGraphModule:
         """A snapshot of the counters (see :class:`GraphStats`)."""
         stats = self._stats.copy()
         stats.graphs = len(self._entries)
+        stats.pool_bytes = self._runner.pool_bytes() if self._entries and hasattr(self._runner, "pool_bytes") else 0
         return stats
 
     # -- what code written for tensordict's wrapper reads ------------------------------
@@ -430,6 +434,7 @@ class CudaGraphModule:
             evicted = self._entries.pop()
             evicted.release()
             self._stats.evictions += 1
+            log.info("%s: evicted its least recently used graph for a new signature", self._owner)
         return self._capture(args, kwargs)
 
     def _by_key(self, kwargs: dict) -> dict:
@@ -466,11 +471,14 @@ class CudaGraphModule:
         self._stats.captures += 1
         self._stats.replays += 1
         self._stats.capture_seconds = self._runner.capture_seconds
+        log.info("%s: captured graph %d in %.1f ms (%d held)", self._owner, self._stats.captures,
+                 1e3 * self._runner.capture_seconds, len(self._entries))
         return entry.finish(leaves, objs, tree)
 
     def _capture_failed(self, err, layout, leaves, mode, reader, args, kwargs, ran: Any = _NOTHING) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""
         self._stats.capture_failures += 1
+        log.warning("%s: capture failed (%s)", self._owner, err.cause)
         if self.options.on_capture_failure == "raise":
             self._failure = err
             self._state = State.FAILED
@@ -502,6 +510,7 @@ class CudaGraphModule:
         if self.options.on_stale == "raise" or not changes:
             raise StaleGraphError(self._owner, changes or [("state", "changed")])
         self._stats.recaptures += 1
+        log.info("%s: dropping a stale graph (%s)", self._owner, "; ".join(f"{w}: {c}" for w, c in changes))
         self._entries.remove(entry)
         entry.release()
         if not self._entries:

@@ -23,6 +23,7 @@ class GraphStats:
         evictions: graphs dropped for a new signature (``on_graph_limit="evict"``).
         inline_calls: calls made while another wrapper was capturing (recorded into its graph).
         graphs: graphs held now.
+        pool_bytes: device memory held by the graphs' memory pool (shared pools count whole).
         capture_seconds: wall time of the last capture.
 
     Example:
@@ -46,6 +47,7 @@ class GraphStats:
     evictions: int = 0
     inline_calls: int = 0
     graphs: int = 0
+    pool_bytes: int = 0
     capture_seconds: float = 0.0
 
     def copy(self) -> "GraphStats":
