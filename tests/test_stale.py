@@ -1,0 +1,185 @@
+"""What the graph reads from outside its inputs: replaced, it is named before any replay.
+
+Every test captures, replaces something the graph read, and checks the next call raises
+:class:`StaleGraphError` naming it (``on_stale="raise"``), or re-captures and matches eager
+(``on_stale="recapture"``).
+"""
+
+import warnings
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from graphmodule import CudaGraphModule, StaleGraphError
+
+X = torch.ones(2, 3)
+
+
+def _captured(module, **options):
+    g = CudaGraphModule(module, warmup=1, backend="simulate", **options)
+    with torch.no_grad():
+        g(X)
+        g(X)
+    return g
+
+
+def _stale_message(g) -> list[str]:
+    with torch.no_grad(), pytest.raises(StaleGraphError) as info:
+        g(X)
+    return str(info.value).splitlines()
+
+
+class TestModules:
+    def test_parameter_reassigned(self):
+        net = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+        g = _captured(net)
+        net[0].weight = nn.Parameter(torch.zeros(3, 3))
+        lines = _stale_message(g)
+        assert lines[0] == "CudaGraphModule(Sequential) was captured reading state that has changed since:"
+        assert lines[1] == "  module.0.weight: another tensor (the graph reads the old one's memory)"
+        assert lines[2].startswith("To fix: update tensors in place (p.copy_(new)")
+
+    def test_load_state_dict_with_assign(self):
+        net = nn.Linear(3, 3)
+        g = _captured(net)
+        net.load_state_dict({"weight": torch.eye(3), "bias": torch.zeros(3)}, assign=True)
+        assert _stale_message(g)[1:3] == [
+            "  module.weight: another tensor (the graph reads the old one's memory)",
+            "  module.bias: another tensor (the graph reads the old one's memory)",
+        ]
+
+    def test_load_state_dict_in_place_is_fine(self):
+        net = nn.Linear(3, 3)
+        g = _captured(net)
+        net.load_state_dict({"weight": torch.eye(3), "bias": torch.zeros(3)})
+        with torch.no_grad():
+            torch.testing.assert_close(g(X), X)
+
+    def test_data_assignment_moves_the_memory(self):
+        net = nn.Linear(3, 3)
+        g = _captured(net)
+        net.weight.data = torch.zeros(3, 3)
+        assert _stale_message(g)[1] == "  module.weight: another tensor (the graph reads the old one's memory)"
+
+    def test_tensordict_to_module_swap(self):
+        net = nn.Linear(3, 3)
+        g = _captured(net)
+        TensorDict.from_module(net).data.clone().to_module(net)
+        assert "  module.weight: another tensor (the graph reads the old one's memory)" in _stale_message(g)
+
+    def test_submodule_replaced(self):
+        net = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+        g = _captured(net)
+        net[1] = nn.Tanh()
+        assert _stale_message(g)[1] == "  module.1: another Tanh object"
+
+    def test_public_float_attribute(self):
+        drop = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.0))
+        g = _captured(drop)
+        drop[1].p = 0.5
+        assert _stale_message(g)[1] == "  module.1.p: 0.0 at capture, 0.5 now (the graph uses 0.0)"
+
+    def test_recapture_follows_the_new_parameter(self):
+        net = nn.Linear(3, 3)
+        g = _captured(net, on_stale="recapture")
+        net.weight = nn.Parameter(torch.eye(3))
+        with torch.no_grad():
+            nn.init.zeros_(net.bias)
+            outs = [g(X) for _ in range(3)]
+        torch.testing.assert_close(outs[-1], X)
+        assert g.stats.recaptures == 1 and g.stats.captures == 2
+
+
+class TestOptimizers:
+    def _step(self, lr):
+        net = nn.Linear(3, 1)
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+
+        def step(x):
+            opt.zero_grad(set_to_none=False)
+            net(x).sum().backward()
+            opt.step()
+
+        return net, opt, step
+
+    def test_float_learning_rate_changed_by_a_scheduler(self):
+        net, opt, step = self._step(1e-2)
+        g = CudaGraphModule(step, warmup=1, backend="simulate")
+        g(X)
+        g(X)
+        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": a replay runs no Python
+            warnings.simplefilter("ignore")
+            torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5).step()
+        with pytest.raises(StaleGraphError) as info:
+            g(X)
+        assert ("  closure variable 'opt' of TestOptimizers._step.<locals>.step (Adam).param_groups[0]['lr']: "
+                "0.01 at capture, 0.005 now (the graph uses 0.01)") in str(info.value).splitlines()
+
+    def test_tensor_learning_rate_changed_in_place_is_fine(self):
+        lr = torch.tensor(1e-2)
+        net, opt, step = self._step(lr)
+        g = CudaGraphModule(step, warmup=1, backend="simulate")
+        g(X)
+        g(X)
+        lr.fill_(5e-3)
+        g(X)  # read by address: no staleness
+        assert g.stats.replays == 2
+
+    def test_optimizer_state_reloaded(self):
+        net, opt, step = self._step(1e-2)
+        g = CudaGraphModule(step, warmup=1, backend="simulate")
+        g(X)
+        g(X)
+        opt.load_state_dict(opt.state_dict())  # new state tensors
+        with pytest.raises(StaleGraphError, match=r"\(Adam\)\.state"):
+            g(X)
+
+
+class TestFunctions:
+    def test_rebound_global_scalar(self):
+        g = CudaGraphModule(_scaled, warmup=1, backend="simulate")
+        g(X)
+        g(X)
+        global SCALE
+        SCALE = 3.0
+        try:
+            with pytest.raises(StaleGraphError) as info:
+                g(X)
+        finally:
+            SCALE = 2.0
+        assert "  global 'SCALE' read by _scaled: 2.0 at capture, 3.0 now (the graph uses 2.0)" in str(info.value)
+
+    def test_equal_scalar_in_a_new_object_is_fine(self):
+        alpha = 0.5
+
+        def f(x):
+            return x * alpha
+
+        g = CudaGraphModule(f, warmup=1, backend="simulate")
+        g(X)
+        g(X)
+        alpha = float("0.5")  # noqa: F841 - another object, the same value
+        torch.testing.assert_close(g(X), X * 0.5)
+
+    def test_closure_tensor_replaced(self):
+        w = torch.ones(3)
+        ref = {"w": w}
+
+        def f(x):
+            return x * ref["w"]
+
+        g = CudaGraphModule(f, warmup=1, backend="simulate")
+        g(X)
+        g(X)
+        ref["w"] = torch.zeros(3)
+        with pytest.raises(StaleGraphError, match=r"closure variable 'ref' of .*\['w'\]: another tensor"):
+            g(X)
+
+
+SCALE = 2.0
+
+
+def _scaled(x):
+    return x * SCALE
