@@ -1,0 +1,115 @@
+"""Modes a graph bakes in (grad mode, train/eval, interaction type), and graphs per signature."""
+
+import threading
+
+import pytest
+import torch
+from tensordict.nn import InteractionType, set_interaction_type
+from torch import nn
+
+from graphmodule import CudaGraphModule, InputMismatchError
+
+X = torch.ones(2, 3)
+
+
+def _make(fn, **options):
+    return CudaGraphModule(fn, warmup=1, backend="simulate", **options)
+
+
+class TestModes:
+    def test_grad_mode_is_part_of_the_signature(self):
+        net = nn.Linear(3, 3)
+        g = _make(net)
+        with torch.no_grad():
+            g(X)
+            g(X)
+        with pytest.raises(InputMismatchError) as info:
+            g(X)
+        assert [m.describe() for m in info.value.mismatches] == [
+            "torch.is_grad_enabled(): expected grad_mode disabled (torch.no_grad() or inference_mode), got enabled"
+        ]
+
+    def test_a_submodule_switched_to_eval(self):
+        net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+        g = _make(net)
+        with torch.no_grad():
+            g(X)
+            g(X)
+            net[1].eval()  # only the dropout: the root is still in train mode
+            with pytest.raises(InputMismatchError) as info:
+                g(X)
+        assert [m.describe() for m in info.value.mismatches] == [
+            "module.1.training: expected mode train mode, got eval mode"
+        ]
+
+    def test_interaction_type(self):
+        g = _make(lambda x: x * 2)
+        with set_interaction_type(InteractionType.RANDOM):
+            g(X)
+            g(X)
+        with set_interaction_type(InteractionType.DETERMINISTIC), pytest.raises(InputMismatchError) as info:
+            g(X)
+        assert info.value.mismatches[0].kind == "interaction_type"
+
+    def test_one_graph_per_mode_with_max_graphs(self):
+        net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+        g = _make(net, max_graphs=2)
+        with torch.no_grad():
+            for training in (True, True, False, False, True, False):
+                net.train(training)
+                out = g(X)
+                if not training:
+                    torch.testing.assert_close(out, net(X))
+        assert g.stats.captures == 2 and g.stats.graphs == 2
+
+
+class TestGraphsPerSignature:
+    def test_new_shapes_warm_up_then_capture(self):
+        g = _make(lambda x: x * 2, max_graphs=3)
+        for n in (2, 2, 3, 3, 3, 2, 4, 4):
+            torch.testing.assert_close(g(torch.ones(n)), torch.full((n,), 2.0))
+        assert g.stats.captures == 3 and g.stats.warmup_calls == 3
+
+    def test_past_the_limit_a_new_signature_raises(self):
+        g = _make(lambda x: x * 2, max_graphs=1)
+        g(torch.ones(2))
+        g(torch.ones(2))
+        with pytest.raises(InputMismatchError, match=r"args\[0\]: expected shape \(2,\), got \(3,\)"):
+            g(torch.ones(3))
+
+    def test_eviction_drops_the_least_recently_used(self):
+        g = _make(lambda x: x + 1, max_graphs=2, on_graph_limit="evict")
+        for n in (2, 2, 3, 3, 2, 4, 4):  # 2 is used after 3, so 3 is evicted for 4
+            g(torch.ones(n))
+        assert g.stats.evictions == 1 and g.stats.graphs == 2
+        replays = g.stats.replays
+        g(torch.ones(2))  # still held: a replay
+        assert g.stats.replays == replays + 1
+        g(torch.ones(3))  # evicted: warms up again
+        assert g.stats.replays == replays + 1
+
+    def test_bad_max_graphs(self):
+        with pytest.raises(ValueError, match=r"max_graphs must be an int >= 1 \(got 0\)\."):
+            _make(lambda x: x, max_graphs=0)
+
+
+class TestThreads:
+    def test_calls_from_two_threads_are_one_at_a_time(self):
+        # simulated replays re-run the function on shared buffers: interleaved calls would mix
+        g = _make(lambda x: (x * 3).sum(-1))
+        g(torch.ones(4, 8))
+        g(torch.ones(4, 8))
+        errors = []
+
+        def worker(value: float):
+            for _ in range(300):
+                x = torch.full((4, 8), value)
+                if not torch.equal(g(x), torch.full((4,), value * 24)):
+                    errors.append(value)
+
+        threads = [threading.Thread(target=worker, args=(v,)) for v in (1.0, 2.0, 3.0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
