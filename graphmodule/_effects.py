@@ -117,7 +117,7 @@ class Effects:
                         target._tensordict[name] = value
                     else:
                         target.set(name, value)
-                for name in moved:  # deleted and set again: last, as eagerly
+                for name in moved:  # deleted and set again, and what came after: last, in order
                     if raw:
                         target._tensordict[name] = target._tensordict.pop(name)
                     elif name in target.keys():
@@ -151,4 +151,4 @@ def _appended(before: list, after: list) -> list:
         if i is None or i < last:
             break
         last, n = i, n + 1
-    return [name for name in after[n:] if name in position]
+    return after[n:] if any(name in position for name in after[n:]) else []

@@ -1,0 +1,63 @@
+"""Effects on the caller's containers, replayed with eager key order (simulated replays).
+
+The differential harness (tests/test_differential.py) covers the classes broadly; these are
+regressions it found, kept by name.
+"""
+
+import torch
+from tensordict import TensorDict
+
+from graphmodule import CudaGraphModule
+
+
+def _run(fn, make, calls=4):
+    g = CudaGraphModule(fn, warmup=1, backend="simulate")
+    for k in range(calls):
+        mine, theirs = make(k), make(k)
+        g(*mine)
+        fn(*theirs)
+        yield mine, theirs
+
+
+def test_key_set_again_unchanged_then_a_new_key_keeps_eager_order():
+    # before [x, b]; pop x, set x back (the same tensor), add a: eagerly [b, x, a]
+    def fn(x, td):
+        v = td.pop("x")
+        td["x"] = v
+        td["a"] = x
+        return x * 2
+
+    def make(k):
+        return torch.full((1,), float(k)), TensorDict(x=torch.ones(1), b=torch.zeros(1), batch_size=[1])
+
+    for (_, mine), (_, theirs) in _run(fn, make):
+        assert list(mine.keys()) == list(theirs.keys()) == ["b", "x", "a"]
+
+
+def test_nested_tensordict_written_then_removed():
+    def fn(td):
+        td["sub"]["new"] = td["sub"]["a"] * 2
+        sub = td.pop("sub")
+        return sub["new"] + td["x"]
+
+    def make(k):
+        return (TensorDict(sub=TensorDict(a=torch.full((2,), float(k)), batch_size=[2]), x=torch.ones(2),
+                           batch_size=[2]),)
+
+    for (mine,), (theirs,) in _run(fn, make):
+        assert list(mine.keys()) == list(theirs.keys()) == ["x"]
+
+
+def test_dict_and_list_effects():
+    def fn(d, items):
+        d["y"] = d.pop("x") * 2
+        items.append(d["y"])
+        return items[-1]
+
+    def make(k):
+        return {"x": torch.full((2,), float(k)), "z": 1}, []
+
+    for (d, items), (d2, items2) in _run(fn, make):
+        assert list(d) == list(d2) == ["z", "y"]
+        torch.testing.assert_close(d["y"], d2["y"])
+        assert len(items) == 1 and items[0] is d["y"]
