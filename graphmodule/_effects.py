@@ -80,11 +80,7 @@ class Effects:
                 self.ops.append(("list", ref, [builder.plan(v) for v in after[1]]))
             else:
                 old = dict(before[1])
-                writes = [
-                    (name, builder.plan(value) if not isinstance(value, TensorDictBase) else builder._td(value, 0))
-                    for name, value in after[1]
-                    if old.get(name, _ABSENT) is not value
-                ]
+                writes = [(name, builder.plan(value)) for name, value in after[1] if old.get(name, _ABSENT) is not value]
                 kept = {name for name, _ in after[1]}
                 deletes = [name for name in old if name not in kept]
                 batch_size = after[2] if after[2] != before[2] else None

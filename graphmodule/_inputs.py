@@ -14,6 +14,7 @@ caller's own objects.
 
 from __future__ import annotations
 
+from operator import is_
 from typing import Any
 
 import torch
@@ -131,9 +132,8 @@ class StaticInputs:
             sources = [leaves[i] for i in self.copy_srcs]
         dests = self.copy_dests
         if dests:
-            same = [d is s for d, s in zip(dests, sources)]
-            if any(same):  # a producer wrote straight into a buffer: nothing to copy there
-                pairs = [(d, s) for d, s, skip in zip(dests, sources, same) if not skip]
+            if any(map(is_, dests, sources)):  # a producer wrote straight into a buffer
+                pairs = [(d, s) for d, s in zip(dests, sources) if d is not s]
                 dests, sources = [d for d, _ in pairs], [s for _, s in pairs]
             if dests:
                 torch._foreach_copy_(dests, sources)

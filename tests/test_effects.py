@@ -61,3 +61,20 @@ def test_dict_and_list_effects():
         assert list(d) == list(d2) == ["z", "y"]
         torch.testing.assert_close(d["y"], d2["y"])
         assert len(items) == 1 and items[0] is d["y"]
+
+
+def test_sub_tensordict_created_in_an_input_and_returned_is_one_object():
+    # found by the long fuzz: the sub-TensorDict stored and the one returned were two copies
+    def fn(td):
+        td["b", "leaf"] = td["x"]
+        return td["x"] * 2, td["b"]
+
+    def make(k):
+        return (TensorDict(x=torch.full((1,), float(k)), batch_size=[]),)
+
+    g = CudaGraphModule(fn, warmup=1, backend="simulate")
+    for k in range(4):
+        (td,) = make(k)
+        _, sub = g(td)
+        assert sub is td["b"]
+        assert td["b", "leaf"] is td["x"]
