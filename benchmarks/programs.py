@@ -6,9 +6,8 @@
 The programs are those of ``tests/programs`` (PPO with a closure update or a
 TensorDictModule update, SAC, TD3, a no-argument train step, the same compiled), each run
 with no wrapper (``eager``), ``tensordict.nn.CudaGraphModule`` and
-``graphmodule.CudaGraphModule``, only the wrapper changing. Runs alternate between the
-wrappers, ``--rounds`` times, in one process; the table gives the median steps/s of the
-measured part of each run (after warmup, compilation and capture).
+``graphmodule.CudaGraphModule``, only the wrapper changing. The table gives the median
+steps/s of the measured part of each run (after warmup, compilation and capture).
 
 One more run per wrapper is instrumented: every call of a wrapped function is timed on the
 host (``perf_counter`` around the call) and on the GPU (CUDA events around it: the span of
@@ -16,8 +15,27 @@ the caller's stream from the call's first to its last work, idle gaps included, 
 host-bound eager call shows about its host time). Those times are shown per step and as
 shares of the step's wall time: how much of a step the wrapped calls take, for each wrapper.
 
-A failing run (e.g. a wrapper that refuses a program's calling convention) is recorded with
-its error and the others go on; ``--strict`` exits with status 1 if any run failed. Without
+Every run is made in a child process (``--one PROGRAM --jobs WRAPPER:KIND,... --json PATH``,
+KIND ``timed`` or ``profile``), one child at a time, never two at once. A capture that fails
+inside tensordict's wrapper leaves its process broken (the CUDA generator refuses every
+later ``torch.randn``, and destroying the half-built graph aborts the process), so in one
+process one such failure would fail or crash every later run of every wrapper.
+
+The choice: program by program, ``--rounds`` passes each run one child per wrapper in turn
+(eager, tensordict, graphmodule), each child one timed run, so the rounds alternate between
+the wrappers across processes; the child of the last pass also makes the instrumented run,
+after its timed one (``--rounds 0``: one pass, the instrumented run only). That is 3 children
+per pass and program (54 with ``--rounds 3``), each paying an interpreter start, the imports
+and CUDA's initialisation (some 5 s) besides its runs: about 3 minutes more than one child
+per wrapper and program making all its rounds, which would time a wrapper's rounds back to
+back in one process. ``--smoke``: one child per program makes the instrumented runs of the
+three wrappers (CI, on CPU: 6 children, not 18).
+
+A child writes its results as JSON after every run and stops at its first failure; a child
+that fails, crashes or outlives ``--timeout`` has its error recorded (the exception, or the
+exit status and the last lines of its output), that wrapper's later runs are dropped, and a
+fresh child takes the runs it left: the others go on. ``--strict`` exits with status 1 if
+any run failed. The parent process imports no torch and never touches the GPU. Without
 CUDA, graphmodule uses its simulated backend and tensordict runs eagerly: the numbers mean
 nothing then, the point is that the script keeps working (``--smoke`` in CI).
 """
@@ -33,7 +51,9 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
+import traceback
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,18 +61,16 @@ for path in (ROOT, os.path.join(ROOT, "tests")):  # graphmodule, examples; the p
     if path not in sys.path:
         sys.path.insert(0, path)
 
-import torch  # noqa: E402
+from programs.isolated import exit_after_failure, how_it_ended, last_lines, run_child  # noqa: E402 (no torch)
 
-from programs import ppo, sac, td3, train_step  # noqa: E402
-from programs.common import WRAPPERS, make_wrap  # noqa: E402
-
-RUNNERS = {
-    "ppo_closure": ppo.run_ppo,
-    "ppo_tdmodule": ppo.run_ppo,
-    "sac": sac.run_sac,
-    "td3": td3.run_td3,
-    "train_step": train_step.run_train_step,
-    "train_step_compiled": train_step.run_train_step,
+WRAPPERS = ("eager", "tensordict", "graphmodule")  # programs.common.WRAPPERS (it imports torch)
+RUNNERS = {  # module.function of the programs package (imported by the children only)
+    "ppo_closure": "ppo.run_ppo",
+    "ppo_tdmodule": "ppo.run_ppo",
+    "sac": "sac.run_sac",
+    "td3": "td3.run_td3",
+    "train_step": "train_step.run_train_step",
+    "train_step_compiled": "train_step.run_train_step",
 }
 # GPU sizes: near the published defaults, a few seconds per eager run.
 FULL = {
@@ -76,11 +94,15 @@ SMOKE = {
 }
 
 
+# -- in a child process: the runs ---------------------------------------------------------
 class Meter:
     """Host and GPU time of every call of the wrapped functions of one run."""
 
     def __init__(self, cuda: bool) -> None:
+        import torch
+
         self.cuda = cuda
+        self.event = torch.cuda.Event if cuda else None
         self.calls: list[tuple] = []  # (t0, t1, start event, end event)
 
     def summary(self, t_start: float, t_end: float) -> dict:
@@ -98,13 +120,13 @@ class Timed:
         meter = self.meter
         e0 = e1 = None
         if meter.cuda:
-            e0 = torch.cuda.Event(enable_timing=True)
+            e0 = meter.event(enable_timing=True)
             e0.record()
         t0 = time.perf_counter()
         out = self.inner(*args, **kwargs)
         t1 = time.perf_counter()
         if meter.cuda:
-            e1 = torch.cuda.Event(enable_timing=True)
+            e1 = meter.event(enable_timing=True)
             e1.record()
         meter.calls.append((t0, t1, e0, e1))
         return out
@@ -119,13 +141,20 @@ def instrumented(wrap, meter: Meter):
 
 
 def one_run(program: str, wrapper: str, config: dict, device, backend: str, profile: bool) -> dict:
+    import importlib
+
+    import torch
+    from programs.common import make_wrap
+
+    module, function = RUNNERS[program].split(".")
+    run = getattr(importlib.import_module(f"programs.{module}"), function)
     wrap = make_wrap(wrapper, backend=backend)
     meter = Meter(device.type == "cuda")
     if profile:
         wrap = instrumented(wrap, meter)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # compile chatter, tensordict's FutureWarnings
-        result = RUNNERS[program](wrap, device=device, seed=0, **config)
+        result = run(wrap, device=device, seed=0, **config)
     timing = result["timing"]
     if profile:
         timing.update(meter.summary(timing["t_start"], timing["t_end"]))
@@ -136,35 +165,128 @@ def one_run(program: str, wrapper: str, config: dict, device, backend: str, prof
     return timing
 
 
-def run_all(programs, rounds: int, device, backend: str, sizes: dict) -> dict:
+def environment(device) -> dict:
+    import graphmodule
+    import tensordict
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "tensordict": tensordict.__version__,
+            "graphmodule": graphmodule.__version__, "device": str(device)}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def child(program: str, jobs: list[tuple[str, str]], smoke: bool, path: str) -> None:
+    """Make the runs ``jobs`` ((wrapper, "timed" | "profile")) of ``program`` in turn, here,
+    writing what was done to ``path`` (JSON) after each; stop at the first failure."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    logging.getLogger("tensordict").setLevel(logging.WARNING)  # its per-wrapper INFO lines
+    if not cuda:
+        torch.set_num_threads(1)  # tiny CPU workloads; far faster on a loaded machine
+    report = {"environment": environment(device), "done": []}
+    for wrapper, kind in jobs:
+        if os.environ.get("GRAPHMODULE_BENCH_ABORT") == f"{program}/{wrapper}":
+            os.abort()  # a crashing child, for this script's test
+        done = {"wrapper": wrapper, "kind": kind}
+        try:
+            done["timing"] = one_run(program, wrapper, (SMOKE if smoke else FULL)[program], device,
+                                     "cuda" if cuda else "simulate", kind == "profile")
+        except Exception as exc:  # noqa: BLE001 - recorded, the parent goes on
+            gc.disable()  # see exit_after_failure
+            head = " / ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
+            done.update(error=f"{type(exc).__name__}: {head}"[:300], detail=traceback.format_exc()[-4000:])
+        report["done"].append(done)
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f, default=str)
+        os.replace(path + ".tmp", path)
+        if "error" in done:
+            exit_after_failure()
+
+
+# -- in the parent process: the children, one at a time --------------------------------
+def schedule(rounds: int, smoke: bool) -> list[list[tuple[str, str]]]:
+    """The children of one program, in order: the runs (wrapper, kind) each one makes."""
+    if smoke:
+        return [[(w, "profile") for w in WRAPPERS]]
+    passes = max(rounds, 1)
+    children = []
+    for r in range(passes):
+        for wrapper in WRAPPERS:
+            runs = [(wrapper, "timed")] if r < rounds else []
+            if r == passes - 1:
+                runs.append((wrapper, "profile"))
+            children.append(runs)
+    return children
+
+
+def run_jobs(program: str, jobs: list[tuple[str, str]], args, results: dict) -> tuple[dict | None, int]:
+    """Make ``jobs`` in a child process and record them in ``results``; after a failure,
+    in a fresh child, the jobs left less the failed wrapper's. Returns the children's
+    environment and how many children ran."""
+    environment, children = None, 0
+    while jobs:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "runs.json")
+            spec = ",".join(f"{wrapper}:{kind}" for wrapper, kind in jobs)
+            code, output = run_child([os.path.abspath(__file__), "--one", program, "--jobs", spec, "--json", path]
+                                     + (["--smoke"] if args.smoke else []), args.timeout)
+            children += 1
+            report = {"done": []}
+            if os.path.exists(path):
+                with open(path) as f:
+                    report = json.load(f)
+        environment = report.get("environment", environment)
+        for done in report["done"]:
+            entry = results[program][done["wrapper"]]
+            if "error" in done:
+                entry.update(error=done["error"], detail=done["detail"])
+                print(f"  {program:20s} {done['wrapper']:12s} FAILED {entry['error']}", flush=True)
+                continue
+            timing = done["timing"]
+            if done["kind"] == "profile":
+                entry["profile"] = timing
+            else:
+                entry["runs"].append(timing)
+            kind = "profile" if done["kind"] == "profile" else f"round {len(entry['runs'])}"
+            print(f"  {program:20s} {done['wrapper']:12s} {kind:8s} {timing['steps_per_s']:12.1f} "
+                  f"{timing['unit']}s/s", flush=True)
+        jobs = jobs[len(report["done"]):]
+        if code != 0 or not report["done"]:  # crashed, hung, or did nothing: blame the run it was on
+            wrapper = jobs[0][0] if jobs else report["done"][-1]["wrapper"]
+            entry = results[program][wrapper]
+            if not entry["error"]:
+                how, gist = f"child {how_it_ended(code, args.timeout)}", last_lines(output)
+                entry.update(error=(f"{how}: {gist}" if gist else how)[:300], detail=output[-4000:])
+                print(f"  {program:20s} {wrapper:12s} FAILED {entry['error']}", flush=True)
+        jobs = [(w, k) for w, k in jobs if not results[program][w]["error"]]
+    return environment, children
+
+
+def run_all(programs, rounds: int, args) -> tuple[dict, dict | None, int]:
     results = {p: {w: {"runs": [], "profile": None, "error": None} for w in WRAPPERS} for p in programs}
+    environment, children = None, 0
     for program in programs:
-        for r in range(rounds + 1):  # the last round is the instrumented one
-            profile = r == rounds
-            for wrapper in WRAPPERS:
-                entry = results[program][wrapper]
-                if entry["error"]:
-                    continue
-                try:
-                    timing = one_run(program, wrapper, sizes[program], device, backend, profile)
-                except Exception as exc:  # noqa: BLE001 - recorded, the others go on
-                    head = " / ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
-                    entry["error"] = f"{type(exc).__name__}: {head}"[:300]
-                    print(f"  {program:20s} {wrapper:12s} FAILED {entry['error']}", flush=True)
-                    continue
-                if profile:
-                    entry["profile"] = timing
-                else:
-                    entry["runs"].append(timing)
-                kind = "profile" if profile else f"round {r + 1}"
-                print(f"  {program:20s} {wrapper:12s} {kind:8s} {timing['steps_per_s']:12.1f} "
-                      f"{timing['unit']}s/s", flush=True)
+        for jobs in schedule(rounds, args.smoke):
+            jobs = [(w, k) for w, k in jobs if not results[program][w]["error"]]
+            if not jobs:
+                continue
+            env, n = run_jobs(program, jobs, args, results)
+            children += n
+            if env and not environment:
+                environment = env
+                cuda = env["device"].startswith("cuda")
+                print(f"  (on {env.get('gpu', env['device'])}" + (")" if cuda else
+                      ": no CUDA, graphmodule simulated, tensordict eager; timings mean nothing)"), flush=True)
     for program in programs:
         for entry in results[program].values():
             runs = entry["runs"] or ([entry["profile"]] if entry["profile"] else [])  # --rounds 0
             rates = [t["steps_per_s"] for t in runs]
             entry["median_steps_per_s"] = statistics.median(rates) if rates else math.nan
-    return results
+    return results, environment, children
 
 
 def fmt(value: float, digits: int = 1) -> str:
@@ -197,52 +319,51 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def environment(device) -> dict:
-    import graphmodule
-    import tensordict
-
-    info = {"python": platform.python_version(), "torch": torch.__version__, "tensordict": tensordict.__version__,
-            "graphmodule": graphmodule.__version__, "device": str(device)}
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="folder for programs.json and programs.md")
+    parser.add_argument("--out", help="folder for programs.json and programs.md")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed runs per wrapper and program, besides the instrumented one (0: that one only)")
     parser.add_argument("--programs", default=",".join(RUNNERS), help="comma-separated subset")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, the instrumented run only (CI)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if any run failed")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds a child process may take (default 240)")
+    parser.add_argument("--one", metavar="PROGRAM", help="(a child process) make runs of PROGRAM here")
+    parser.add_argument("--jobs", help="(with --one) the runs, WRAPPER:KIND,... with KIND timed or profile")
+    parser.add_argument("--json", help="(with --one) where the child writes its results")
     args = parser.parse_args(argv)
+    if args.one:
+        jobs = [tuple(job.split(":")) for job in args.jobs.split(",")]
+        child(args.one, jobs, args.smoke, args.json)
+        return 0
+    if not args.out:
+        parser.error("--out is required")
     programs = [p for p in args.programs.split(",") if p]
     unknown = set(programs) - set(RUNNERS)
     if unknown:
         parser.error(f"unknown programs {sorted(unknown)}; choose from {list(RUNNERS)}")
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    backend = "cuda" if cuda else "simulate"
     rounds = 0 if args.smoke else args.rounds
-    logging.getLogger("tensordict").setLevel(logging.WARNING)  # its per-wrapper INFO lines
-    if not cuda:
-        torch.set_num_threads(1)  # tiny CPU workloads; far faster on a loaded machine
-    print(f"{len(programs)} programs x {len(WRAPPERS)} wrappers x {rounds} rounds (+1 instrumented) on {device}"
-          + ("" if cuda else " (no CUDA: graphmodule simulated, tensordict eager; timings mean nothing)"), flush=True)
-    results = run_all(programs, rounds, device, backend, SMOKE if args.smoke else FULL)
+    isolation = ("one child process per program (--smoke)" if args.smoke else
+                 "one child process per program, wrapper and round (the instrumented run with the last round)")
+    print(f"{len(programs)} programs x {len(WRAPPERS)} wrappers x {rounds} rounds (+1 instrumented), "
+          f"{isolation}", flush=True)
+    t0 = time.perf_counter()
+    results, env, children = run_all(programs, rounds, args)
+    wall = time.perf_counter() - t0
     md = table(results)
     print("\n" + md)
     os.makedirs(args.out, exist_ok=True)
-    record = {"environment": environment(device), "smoke": args.smoke, "rounds": rounds,
+    record = {"environment": env or {"python": platform.python_version()}, "smoke": args.smoke, "rounds": rounds,
+              "isolation": isolation, "children": children, "wall_s": wall,
               "sizes": {p: (SMOKE if args.smoke else FULL)[p] for p in programs}, "results": results}
     with open(os.path.join(args.out, "programs.json"), "w") as f:
         json.dump(record, f, indent=1, default=str)
     with open(os.path.join(args.out, "programs.md"), "w") as f:
         f.write(md + "\n")
+    print(f"\n{children} child processes, {wall:.0f} s")
     failed = [(p, w) for p, by_w in results.items() for w, e in by_w.items() if e["error"]]
     if failed:
-        print(f"\n{len(failed)} failed: " + ", ".join(f"{p}/{w}" for p, w in failed))
+        print(f"{len(failed)} failed: " + ", ".join(f"{p}/{w}" for p, w in failed))
     return 1 if args.strict and failed else 0
 
 

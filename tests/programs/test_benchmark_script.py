@@ -32,3 +32,22 @@ def test_programs_benchmark_smoke(tmp_path):
             assert profile["steps"] > 0 and entry["median_steps_per_s"] > 0, (program, wrapper)
             assert profile["calls"] > 0 and 0 < profile["host_s"] <= profile["seconds"], (program, wrapper)
             assert f"| {program} | {wrapper} | " in table
+
+
+def test_programs_benchmark_records_a_crash_and_goes_on(tmp_path):
+    """A child process that dies (here: aborts on its tensordict run) is recorded with its
+    exit status and last lines; a fresh child makes the runs it left."""
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--smoke", "--programs", "train_step", "--strict", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env=dict(os.environ, GRAPHMODULE_BENCH_ABORT="train_step/tensordict"),
+    )
+    assert proc.returncode == 1, proc.stdout[-6000:] + proc.stderr[-6000:]  # --strict: a run failed
+    record = json.loads((tmp_path / "programs.json").read_text())
+    assert record["children"] == 2
+    by_wrapper = record["results"]["train_step"]
+    error = by_wrapper["tensordict"]["error"]
+    assert error.startswith("child killed by SIGABRT (exit -6): Fatal Python error: Aborted"), error
+    assert "| train_step | tensordict | failed: child killed by SIGABRT" in (tmp_path / "programs.md").read_text()
+    for wrapper in ("eager", "graphmodule"):
+        assert by_wrapper[wrapper]["error"] is None and by_wrapper[wrapper]["profile"]["steps"] > 0

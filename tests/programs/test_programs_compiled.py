@@ -2,14 +2,15 @@
 ``CudaGraphModule(torch.compile(update), warmup=5)``), eagerly and through the wrappers.
 
 Apart from test_programs.py because compiling takes long: on CPU dynamo's ``aot_eager``
-backend (no C++ build), on CUDA inductor, recompiled for every run.
+backend (no C++ build), on CUDA inductor, recompiled for every run; tensordict's CUDA run is
+made in a child process (see ``test_programs.run_on_cuda``).
 """
 
 import pytest
 
 from . import train_step
 from .common import make_wrap
-from .test_programs import assert_same_metrics, check_reference
+from .test_programs import assert_same_metrics, check_cuda_run, check_reference, run_on_cuda
 
 CPU = dict(steps=12, batch_size=32, hidden=32, compile=True, compile_backend="aot_eager")
 CUDA = dict(steps=50, compile=True)
@@ -29,13 +30,6 @@ def test_simulated_graphs_match_eager_compiled():
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice
 @pytest.mark.parametrize("wrapper", ["tensordict", "graphmodule"])
 def test_cuda_wrappers_match_eager_compiled(wrapper, cuda):
-    ref = train_step.run_train_step(make_wrap("eager"), device=cuda, seed=0, **CUDA)
-    check_reference("train_step_compiled", ref)
-    wrap = make_wrap(wrapper, backend="cuda")
-    got = train_step.run_train_step(wrap, device=cuda, seed=0, **CUDA)
-    assert_same_metrics(got, ref, rtol=1e-3, atol=1e-4)
-    (graphed,) = wrap.built
-    if wrapper == "graphmodule":
-        assert graphed.stats.captures == 1 and graphed.stats.replays > 0, graphed.explain()
-    else:
-        assert getattr(graphed, "graph", None) is not None, graphed
+    ref, got, built = run_on_cuda(train_step.run_train_step, CUDA, wrapper, cuda)
+    check_cuda_run("train_step_compiled", wrapper, ref, got, built)
+    assert len(built) == 1
