@@ -32,6 +32,9 @@ CAPTURE_ERROR_MODES = ("thread_local", "global", "relaxed")
 
 _LOCAL = threading.local()
 _CAPTURE_LOCK = threading.RLock()
+# captures in progress: the CUDA random generator is shared by all threads, and a graph
+# replayed or a random op run eagerly in another thread while one captures breaks both
+_ACTIVE = [0]
 # graphs alive per pool id, and the pool ids ever captured into (a pool with no graph
 # left is freed by torch and cannot be captured into again)
 _LIVE: dict[Any, int] = {}
@@ -156,7 +159,8 @@ class CudaRunner:
         return sum(s.get("total_size", 0) for s in segments if tuple(s.get("segment_pool_id", ())) == pool)
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
-        with torch.cuda.device(self.device):
+        # warmup calls may draw random numbers: not while another thread captures
+        with _CAPTURE_LOCK, torch.cuda.device(self.device):
             caller = torch.cuda.current_stream()
             self.stream.wait_stream(caller)
             with torch.cuda.stream(self.stream):
@@ -168,7 +172,11 @@ class CudaRunner:
         # One capture at a time in the process: captures turn the garbage collector off
         # and on, and a collector run inside another thread's capture can break it.
         with _CAPTURE_LOCK:
-            return self._capture(body, owner)
+            _ACTIVE[0] += 1
+            try:
+                return self._capture(body, owner)
+            finally:
+                _ACTIVE[0] -= 1
 
     def _capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]:
         start = time.perf_counter()
@@ -230,6 +238,10 @@ class CudaRunner:
 
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:
         # cudaGraphLaunch on the current stream: no host synchronisation.
+        if _ACTIVE[0] and not capturing():  # another thread captures: wait for it to end
+            with _CAPTURE_LOCK:
+                graph.replay()
+            return
         graph.replay()
 
     def release(self, graph: Any) -> None:

@@ -116,6 +116,12 @@ def _in_distributions(exc: BaseException) -> bool:
 
 def _refine_host_sync(exc: BaseException) -> str | None:
     """A more precise hint for a host sync, from the frames and the user's line."""
+    if _in_distributions(exc) and any("torch.normal(" in (f.line or "") for f in _frames(exc)):
+        return (
+            "Normal.sample() calls torch.normal, which checks on the host that every std is >= 0. "
+            "Use dist.rsample() (loc + scale * randn: the same distribution, no check), under "
+            "torch.no_grad() if no gradient is needed."
+        )
     if _in_distributions(exc):
         return (
             "torch.distributions validates its arguments, which reads tensor values on the host. "

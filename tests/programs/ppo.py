@@ -64,7 +64,9 @@ class Agent(nn.Module):
         """A tanh-squashed Gaussian action; the log-prob is the pre-tanh one (PPO's ratio
         is the same either way: the tanh Jacobian cancels)."""
         dist = self.dist(obs)
-        raw = dist.sample()
+        # rsample, not sample: Normal.sample() calls torch.normal(loc, std), which checks on
+        # the host that std >= 0 and so cannot be captured (graphmodule names this cause)
+        raw = dist.rsample()
         return Pendulum.max_torque * raw.tanh(), raw, dist.log_prob(raw).sum(-1), self.critic(obs).squeeze(-1)
 
     def losses(self, obs, raw_action, logprob, advantages, returns, clip):
