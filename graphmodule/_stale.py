@@ -212,8 +212,7 @@ class Watch:
                         self._bind(value, i, p, f"{where}[{i}]", depth)
                         state = opt.state.get(p)
                         if state is not None:
-                            for lst, item in zip(self._o, (opt.state, p, state, f"{label}.state[param {i}]")):
-                                lst.append(item)
+                            # (opt.state is watched by identity: load_state_dict replaces it)
                             for skey, svalue in state.items():
                                 if isinstance(svalue, torch.Tensor):
                                     self._bind(state, skey, svalue, f"{label}.state[param {i}][{skey!r}]", depth)
@@ -242,7 +241,10 @@ class Watch:
             # tuple equality compares by identity first, then ==; -0.0 and nan are
             # settled by the exact comparison
             values = tuple(map(getitem, self._vc, self._vk))
-            return values == self._vvalues and (self._plain_values or all(map(same_constant, values, self._vvalues)))
+            if values != self._vvalues:  # a change, or a new nan object: the exact comparison decides
+                return all(map(same_constant, values, self._vvalues))
+            # == took -0.0 for 0.0: look again where a float zero was captured
+            return not self._zeros or all(same_constant(values[i], self._vvalues[i]) for i in self._zeros)
         except (KeyError, IndexError, AttributeError, TypeError, ValueError):
             return False
 
@@ -252,7 +254,7 @@ class Watch:
         self._oc, self._ok, self._oobjs, _ = self._o
         self._vc, self._vk, values, _ = self._v
         self._vvalues = tuple(values)
-        self._plain_values = not any(type(v) in (float, complex) for v in values)
+        self._zeros = [i for i, v in enumerate(values) if type(v) in (float, complex) and v == 0]
 
     def changes(self) -> list[tuple[str, str]]:
         """What changed, for the message (the slow path)."""
