@@ -14,7 +14,7 @@ import torch
 
 from ._effects import Effects
 from ._errors import Mismatch
-from ._inputs import Materialized, StaticInputs, resolve, storage_base
+from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, resolve
 from ._outputs import GRAPH, REF, Plan, build, collect, dense
 from ._paths import format_key, format_path
 from ._spec import InputSpec
@@ -103,13 +103,13 @@ class Entry:
 
     def _alias_mismatches(self, leaves: Any, name) -> list[Mismatch]:
         inputs = self.inputs
-        first_at: dict[tuple, int] = {}
         found = []
+        group_of: dict[int, int] = {}
+        for members in alias_groups([(i, leaves[i]) for i in inputs.tensor_index]):
+            for i, _ in members:
+                group_of[i] = members[0][0]
         for i in inputs.tensor_index:
-            t = leaves[i]
-            key = (t.device, storage_base(t)) if t.numel() else ("empty", i)
-            group = first_at.setdefault(key, i)
-            captured = inputs.pattern[i]
+            t, group, captured = leaves[i], group_of[i], inputs.pattern[i]
             if group != captured:
                 expected = "its own memory" if captured == i else f"the memory of {name(captured)}"
                 got = "its own memory" if group == i else f"the memory of {name(group)}"
@@ -122,6 +122,13 @@ class Entry:
                 if offset != captured_offset or t.stride() != inputs.leaves[i].stride():
                     found.append(Mismatch(name(i), "alias", f"a view at byte offset {captured_offset} "
                                           f"of {name(group)}", f"byte offset {offset}"))
+        if not found:  # the same memory, but one object where there were two (or the reverse)
+            now = identity_pattern(leaves, inputs.tensor_index)
+            for i, was, is_ in zip(inputs.tensor_index, inputs.identity, now):
+                if was != is_:
+                    expected = "its own object" if was == i else f"the same object as {name(was)}"
+                    got = "its own object" if is_ == i else f"the same object as {name(is_)}"
+                    found.append(Mismatch(name(i), "alias", expected, got))
         return found
 
     def make_refresh(self, rerun, module: Any = None) -> Any:

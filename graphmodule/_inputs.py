@@ -46,6 +46,39 @@ def _byte_view(storage: Any, offset: int, nbytes: int, device: torch.device) -> 
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, offset, (nbytes,), (1,))
 
 
+def alias_groups(members: list[tuple[int, Tensor]]) -> list[list[tuple[int, Tensor]]]:
+    """Leaves grouped by overlapping memory: views of one storage that share bytes.
+
+    Views of one storage that do not overlap (slices of one batch) are separate groups:
+    copying into them cannot interfere.
+    """
+    by_storage: dict[tuple, list[tuple[int, Tensor]]] = {}
+    for i, t in members:
+        key = (t.device, storage_base(t)) if t.numel() else ("empty", i)
+        by_storage.setdefault(key, []).append((i, t))
+    groups = []
+    for same in by_storage.values():
+        if len(same) == 1:
+            groups.append(same)
+            continue
+        ranged = sorted(((_extent(t), i, t) for i, t in same), key=lambda r: r[0])
+        current, end = [], -1
+        for (start, stop), i, t in ranged:
+            if current and start >= end:
+                groups.append(sorted(current, key=lambda m: m[0]))
+                current = []
+            current.append((i, t))
+            end = max(end, stop)
+        groups.append(sorted(current, key=lambda m: m[0]))
+    return sorted(groups, key=lambda g: g[0][0])
+
+
+def identity_pattern(leaves: Any, index: list[int]) -> list[int]:
+    """For each tensor leaf, the position of the first leaf that is the same object."""
+    first: dict[int, int] = {}
+    return [first.setdefault(id(leaves[i]), i) for i in index]
+
+
 class _Span:
     """A group of input leaves that are views of one storage: one byte buffer for all."""
 
@@ -88,17 +121,14 @@ class StaticInputs:
         self.ranges = slot_ranges(layout)
         self.leaves = list(leaves)
         self.tensor_index = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
-        groups: dict[tuple, list[tuple[int, Tensor]]] = {}
-        for i in self.tensor_index:
-            t = leaves[i]
-            key = (t.device, storage_base(t)) if t.numel() else ("empty", i)
-            groups.setdefault(key, []).append((i, t))
+        groups = alias_groups([(i, leaves[i]) for i in self.tensor_index])
+        self.identity = identity_pattern(leaves, self.tensor_index)
         self.spans: list[_Span] = []
         copy_dests, copy_srcs = [], []
         # per tensor leaf: the index of its group's first leaf (the alias pattern)
         self.pattern: dict[int, int] = {}
         with torch.no_grad():
-            for members in groups.values():
+            for members in groups:
                 first = members[0][0]
                 made: dict[int, Tensor] = {}
                 distinct = {id(t) for _, t in members}
@@ -117,7 +147,7 @@ class StaticInputs:
                         self.leaves[i] = made[id(t)]
                 for i, _ in members:
                     self.pattern[i] = first
-        self.aliased = any(len(m) > 1 for m in groups.values())
+        self.aliased = any(len(m) > 1 for m in groups)
         self.copy_dests = copy_dests
         self.copy_srcs = copy_srcs
         self.identity_copy = copy_srcs == self.tensor_index and not self.spans
