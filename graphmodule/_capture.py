@@ -26,7 +26,7 @@ import torch
 from ._diagnose import diagnose
 from ._errors import GraphStateError
 
-__all__ = ["CAPTURE_ERROR_MODES", "CudaRunner", "EagerRunner", "Runner", "SimulatedRunner", "capturing"]
+__all__ = ["CAPTURE_ERROR_MODES", "CudaRunner", "EagerRunner", "Runner", "SimulatedRunner", "capturing", "make_runner"]
 
 CAPTURE_ERROR_MODES = ("thread_local", "global", "relaxed")
 
@@ -314,3 +314,34 @@ def heal_generator(device: torch.device) -> None:
             graph.capture_end()
     stream.synchronize()
     graph.reset()
+
+
+def make_runner(backend: str, device: Any, capture_error_mode: str, pool: Any) -> Runner:
+    """The runner a backend name asks for (``auto``: CUDA if available, else eager with a warning)."""
+    has_cuda = torch.cuda.is_available()
+    if backend == "auto":
+        if not has_cuda:
+            warnings.warn(
+                "CudaGraphModule: CUDA is not available, so calls run eagerly (same results, "
+                "no speed-up). Inputs are still checked against the first call after warmup, "
+                "as they would be on a GPU.",
+                UserWarning,
+                stacklevel=3,  # the caller of CudaGraphModule(...)
+            )
+            return EagerRunner()
+        backend = "cuda"
+    if backend == "eager":
+        return EagerRunner()
+    if backend == "simulate":
+        return SimulatedRunner()
+    if not has_cuda:
+        raise RuntimeError(
+            "CudaGraphModule(backend='cuda') needs CUDA, but torch.cuda.is_available() is "
+            "False; use backend='auto' to run eagerly without CUDA."
+        )
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device (got {device}).")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return CudaRunner(device, capture_error_mode, getattr(pool, "pool", pool))

@@ -18,7 +18,7 @@ from tensordict.utils import unravel_key
 
 from ._paths import NestedKey, as_key
 
-__all__ = ["resolve_keys", "module_name", "by_key_paths", "binds_kwargs_by_name"]
+__all__ = ["resolve_keys", "module_name", "by_key_paths", "binds_kwargs_by_name", "sorted_kwargs"]
 
 
 def _normalise(keys: Any) -> list | None:
@@ -89,3 +89,11 @@ def binds_kwargs_by_name(module: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def sorted_kwargs(kwargs: dict) -> dict:
+    """Keyword arguments in sorted order (for a function that binds them by name)."""
+    keys = list(kwargs)
+    if keys == sorted(keys):
+        return kwargs
+    return {k: kwargs[k] for k in sorted(keys)}

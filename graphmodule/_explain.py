@@ -14,12 +14,12 @@ from typing import Any, Sequence
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from ._errors import Mismatch
+from ._errors import InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
 from ._paths import describe, format_key, format_path
-from ._spec import InputSpec, facts, same_constant
+from ._spec import InputSpec, same_constant
 from ._tree import MISSING, Node, Slot, _is_node, _is_non_tensor, flatten_with_path, is_slot_value
 
-__all__ = ["explain_mismatches", "describe_facts", "describe_spec"]
+__all__ = ["explain_mismatches", "describe_facts", "describe_spec", "mismatch_error"]
 
 
 def describe_facts(f: tuple) -> str:
@@ -215,3 +215,16 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
 
 def _under_missing(text: str, found: list[Mismatch]) -> bool:
     return any(m.kind in ("missing", "type") and text.startswith(m.path + "[") for m in found)
+
+
+def mismatch_error(owner: str, spec: InputSpec, tree: Any, arg_names: Sequence[str], modes: list[Mismatch],
+                   tensordict_module: bool) -> InputMismatchError:
+    """The error for a call that does not match, of the class a user would catch."""
+    found = explain_mismatches(spec, tree, arg_names) + modes
+    if not found:  # the fast and slow readers disagree: a bug, but never a silent replay
+        found = [Mismatch("inputs", "structure", "the captured call", "a call that does not match it")]
+    if all(m.kind == "requires_grad" for m in found):
+        return RequiresGradError(owner, found, "captured")
+    if tensordict_module and all(m.kind == "missing" and "[" in m.path for m in found):
+        return MissingKeyError(owner, found)
+    return InputMismatchError(owner, found)

@@ -15,7 +15,6 @@ other call (warmup, a capture, another graph, a mismatch to explain) takes
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import warnings
@@ -26,25 +25,25 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
 
-from ._capture import CudaRunner, EagerRunner, SimulatedRunner, capturing
+from ._capture import capturing, make_runner
 from ._diagnose import USER_ERROR
-from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys
+from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys, sorted_kwargs
 from ._entry import Entry
 from ._errors import (
     CaptureError,
     GraphStateError,
     InputMismatchError,
     Mismatch,
-    MissingKeyError,
     RequiresGradError,
     StaleGraphError,
 )
-from ._explain import describe_spec, explain_mismatches
+from ._explain import describe_spec, mismatch_error
 from ._options import Options, State
 from ._record import mode_reader, read_call, record
 from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
+from ._surface import WrapperSurface
 from ._tree import flatten
 
 __all__ = ["CudaGraphModule"]
@@ -59,15 +58,7 @@ def _safe_leaves(tree: Any) -> list:
     return [leaf for leaf in flatten(tree)[0] if isinstance(leaf, torch.Tensor)]
 
 
-def _sorted_kwargs(kwargs: dict) -> dict:
-    keys = list(kwargs)
-    if keys == sorted(keys):
-        return kwargs
-    out = {k: kwargs[k] for k in sorted(keys)}
-    return out
-
-
-class CudaGraphModule:
+class CudaGraphModule(WrapperSurface):
     """Run a function, ``nn.Module`` or TensorDict module as a CUDA graph.
 
     The first ``warmup`` calls run eagerly on a side stream. The next call captures a
@@ -169,7 +160,7 @@ class CudaGraphModule:
         self._is_tensordict_module = self.in_keys is not None
         self._arg_names = ("tensordict",) if self._is_tensordict_module else ()
         self._sort_kwargs = binds_kwargs_by_name(module) and not self._is_tensordict_module
-        self._runner = self._make_runner(backend, device, capture_error_mode, pool)
+        self._runner = make_runner(backend, device, capture_error_mode, pool)
         self.device = self._runner.device
         self._stats = GraphStats()
         # One call at a time: calls share the graph's buffers. Reentrant, for a function
@@ -178,35 +169,6 @@ class CudaGraphModule:
         self._thread: int | None = None
         self._stream: Any = None
         self._reset_state()
-
-    def _make_runner(self, backend: str, device: Any, capture_error_mode: str, pool: Any):
-        has_cuda = torch.cuda.is_available()
-        if backend == "auto":
-            if not has_cuda:
-                warnings.warn(
-                    "CudaGraphModule: CUDA is not available, so calls run eagerly (same results, "
-                    "no speed-up). Inputs are still checked against the first call after warmup, "
-                    "as they would be on a GPU.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-                return EagerRunner()
-            backend = "cuda"
-        if backend == "eager":
-            return EagerRunner()
-        if backend == "simulate":
-            return SimulatedRunner()
-        if not has_cuda:
-            raise RuntimeError(
-                "CudaGraphModule(backend='cuda') needs CUDA, but torch.cuda.is_available() is "
-                "False; use backend='auto' to run eagerly without CUDA."
-            )
-        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        if device.type != "cuda":
-            raise ValueError(f"device must be a CUDA device (got {device}).")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        return CudaRunner(device, capture_error_mode, getattr(pool, "pool", pool))
 
     def _reset_state(self) -> None:
         self._entries: list[Entry] = []  # most recently used first
@@ -232,33 +194,6 @@ class CudaGraphModule:
         stats.graphs = len(self._entries)
         stats.pool_bytes = self._runner.pool_bytes() if self._entries and hasattr(self._runner, "pool_bytes") else 0
         return stats
-
-    # -- what code written for tensordict's wrapper reads ------------------------------
-    @property
-    def counter(self) -> int:
-        """Calls that ran before the graph took over (tensordict's wrapper's ``counter``;
-        0 without graphs, as there)."""
-        if not self._runner.captures:
-            return 0
-        return min(self._stats.warmup_calls + self._stats.captures, self.warmup)
-
-    @property
-    def _warmup(self) -> int:
-        return self.warmup
-
-    @property
-    def _out_matches_in(self) -> bool | None:
-        """Whether the TensorDict module returns its input TensorDict (None before a call)."""
-        if self._entries:
-            return self._entries[0].returns_input_td
-        return self._returned_input
-
-    @property
-    def _selected_keys(self) -> list | None:
-        """The keys a replay writes into the caller's TensorDict."""
-        if self.out_keys:
-            return list(self.out_keys)
-        return self._entries[0].written_keys() if self._entries else None
 
     @property
     def pool(self) -> Any:
@@ -288,41 +223,6 @@ class CudaGraphModule:
         for entry in self._entries:
             entry.release()
         self._reset_state()
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict:
-        """The wrapped module's ``state_dict`` (``{}`` if it has none)."""
-        fn = getattr(self.module, "state_dict", None)
-        return fn(*args, **kwargs) if fn is not None else {}
-
-    def load_state_dict(self, state_dict: dict, *args: Any, **kwargs: Any) -> Any:
-        """Load into the wrapped module; in place, so a captured graph sees the new values."""
-        fn = getattr(self.module, "load_state_dict", None)
-        return fn(state_dict, *args, **kwargs) if fn is not None else None
-
-    def __repr__(self) -> str:
-        parts = [repr(self.module), f"warmup={self.warmup}", f"in_keys={self.in_keys!r}",
-                 f"out_keys={self.out_keys!r}", f"device={self._given_device!r}"]
-        parts += [f"{name}={value!r}" for name, value in self.options.changed()]
-        return f"CudaGraphModule({', '.join(parts)})"
-
-    # A wrapper holds CUDA graphs and streams, which cannot be copied or pickled: a copy
-    # is a new wrapper over a copy of the module, warming up again.
-    def _ctor(self) -> dict:
-        return dict(warmup=self.warmup, in_keys=self.in_keys, out_keys=self.out_keys,
-                    device=self._given_device, **dict(self.options.changed()))
-
-    def __deepcopy__(self, memo: dict) -> "CudaGraphModule":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return type(self)(copy.deepcopy(self.module, memo), **copy.deepcopy(self._ctor(), memo))
-
-    def __getstate__(self) -> dict:
-        return {"module": self.module, "ctor": self._ctor()}
-
-    def __setstate__(self, state: dict) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.__init__(state["module"], **state["ctor"])
 
     # -- calls -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -361,7 +261,7 @@ class CudaGraphModule:
         if entries:
             entry = entries[0]
             if kwargs and self._sort_kwargs:
-                kwargs = _sorted_kwargs(kwargs)
+                kwargs = sorted_kwargs(kwargs)
             split = entry.spec.match(args, kwargs)
             if (
                 split is not None
@@ -385,7 +285,7 @@ class CudaGraphModule:
                 "warm up and capture again, or pass on_capture_failure='eager'."
             ) from self._failure
         if kwargs and self._sort_kwargs:
-            kwargs = _sorted_kwargs(kwargs)
+            kwargs = sorted_kwargs(kwargs)
         if self._state is State.EAGER:
             return self._eager_call(args, kwargs)
         mode = self._mode.read() if self._mode is not None else None
@@ -534,13 +434,5 @@ class CudaGraphModule:
 
     def _raise_mismatch_spec(self, spec: InputSpec, captured_mode: Any, args, kwargs, mode) -> None:
         self._stats.input_mismatches += 1
-        found = explain_mismatches(spec, (args, kwargs), self._arg_names)
-        if mode != captured_mode:
-            found += self._mode.mismatches(captured_mode, mode)
-        if not found:
-            found = [Mismatch("inputs", "structure", "the captured call", "a call that does not match it")]
-        if all(m.kind == "requires_grad" for m in found):
-            raise RequiresGradError(self._owner, found, "captured")
-        if all(m.kind == "missing" and "[" in m.path for m in found) and self._is_tensordict_module:
-            raise MissingKeyError(self._owner, found)
-        raise InputMismatchError(self._owner, found)
+        modes = self._mode.mismatches(captured_mode, mode) if mode != captured_mode else []
+        raise mismatch_error(self._owner, spec, (args, kwargs), self._arg_names, modes, self._is_tensordict_module)

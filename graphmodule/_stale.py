@@ -259,31 +259,31 @@ class Watch:
     def changes(self) -> list[tuple[str, str]]:
         """What changed, for the message (the slow path)."""
         out = []
-        for c, k, ptr, label in zip(*self._t):
-            try:
-                now = getitem(c, k)
-            except (KeyError, IndexError, ValueError):
-                out.append((label, "removed"))
-                continue
-            if not isinstance(now, torch.Tensor) or _data_ptr(now) != ptr:
-                out.append((label, "another tensor (the graph reads the old one's memory)"))
-        for c, k, obj, label in zip(*self._o):
-            try:
-                now = getitem(c, k)
-            except (KeyError, IndexError, ValueError):
-                out.append((label, "removed"))
-                continue
-            if now is not obj:
-                out.append((label, f"another {type(now).__name__} object"))
-        for c, k, value, label in zip(*self._v):
-            try:
-                now = getitem(c, k)
-            except (KeyError, IndexError, ValueError):
-                out.append((label, "removed"))
-                continue
-            if not same_constant(now, value):
-                out.append((label, f"{value!r} at capture, {now!r} now (the graph uses {value!r})"))
+        for places, what_changed in ((self._t, _tensor_change), (self._o, _object_change), (self._v, _value_change)):
+            for container, key, captured, label in zip(*places):
+                try:
+                    now = getitem(container, key)
+                except (KeyError, IndexError, ValueError):
+                    out.append((label, "removed"))
+                    continue
+                what = what_changed(now, captured)
+                if what:
+                    out.append((label, what))
         return out
+
+
+def _tensor_change(now: Any, ptr: int) -> str | None:
+    if not isinstance(now, torch.Tensor) or _data_ptr(now) != ptr:
+        return "another tensor (the graph reads the old one's memory)"
+    return None
+
+
+def _object_change(now: Any, obj: Any) -> str | None:
+    return None if now is obj else f"another {type(now).__name__} object"
+
+
+def _value_change(now: Any, value: Any) -> str | None:
+    return None if same_constant(now, value) else f"{value!r} at capture, {now!r} now (the graph uses {value!r})"
 
 
 def _shallow(value: Any) -> Any:

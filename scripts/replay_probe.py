@@ -1,4 +1,4 @@
-import time, torch, statistics
+import time, torch
 from torch import nn
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)).cuda()
@@ -12,7 +12,7 @@ def cap(pool, mode):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.stream(s), torch.no_grad():
         g.capture_begin(pool=pool, capture_error_mode=mode) if pool is not None else g.capture_begin(capture_error_mode=mode)
-        out = net(x)
+        net(x)
         g.capture_end()
     torch.cuda.synchronize()
     return g

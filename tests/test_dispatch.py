@@ -6,7 +6,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
-from graphmodule import CudaGraphModule, InputMismatchError, MissingKeyError
+from graphmodule import InputMismatchError, MissingKeyError
 
 BACKENDS = ["simulate", "eager"]
 
