@@ -39,7 +39,7 @@ from ._module import CudaGraphModule
 from ._options import Options, State
 from ._stats import GraphStats
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CaptureError",
