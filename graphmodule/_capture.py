@@ -25,6 +25,7 @@ import torch
 
 from ._diagnose import diagnose
 from ._errors import GraphStateError
+from ._paths import user_stacklevel
 
 __all__ = ["CAPTURE_ERROR_MODES", "CudaRunner", "EagerRunner", "Runner", "SimulatedRunner", "capturing", "make_runner"]
 
@@ -326,7 +327,7 @@ def make_runner(backend: str, device: Any, capture_error_mode: str, pool: Any) -
                 "no speed-up). Inputs are still checked against the first call after warmup, "
                 "as they would be on a GPU.",
                 UserWarning,
-                stacklevel=3,  # the caller of CudaGraphModule(...)
+                stacklevel=user_stacklevel(),
             )
             return EagerRunner()
         backend = "cuda"

@@ -16,7 +16,7 @@ from typing import Any
 
 from tensordict.utils import unravel_key
 
-from ._paths import NestedKey, as_key
+from ._paths import NestedKey, as_key, user_stacklevel
 
 __all__ = ["resolve_keys", "module_name", "by_key_paths", "binds_kwargs_by_name", "sorted_kwargs"]
 
@@ -29,7 +29,7 @@ def _normalise(keys: Any) -> list | None:
     return [unravel_key(k) for k in keys]
 
 
-def resolve_keys(module: Any, in_keys: Any, out_keys: Any, stacklevel: int) -> tuple[list | None, list | None]:
+def resolve_keys(module: Any, in_keys: Any, out_keys: Any) -> tuple[list | None, list | None]:
     """The ``in_keys``/``out_keys`` to use, as tensordict's wrapper picks them.
 
     The module's own keys win; explicit keys that differ are ignored with a warning.
@@ -45,7 +45,7 @@ def resolve_keys(module: Any, in_keys: Any, out_keys: Any, stacklevel: int) -> t
                     f"CudaGraphModule ignores {name}={given!r}: the module has its own "
                     f"{name}={own!r}, which it uses instead. Leave {name} unset to silence this warning.",
                     UserWarning,
-                    stacklevel=stacklevel,
+                    stacklevel=user_stacklevel(),
                 )
             chosen[name] = own
         else:

@@ -39,6 +39,7 @@ from ._errors import (
 )
 from ._explain import describe_spec, mismatch_error
 from ._options import Options, State
+from ._paths import user_stacklevel
 from ._record import mode_reader, read_call, record
 from ._spec import InputSpec
 from ._stale import Watch
@@ -153,7 +154,7 @@ class CudaGraphModule(WrapperSurface):
                                on_graph_limit, pool, backend)
         self.module = module
         self.warmup = warmup
-        self.in_keys, self.out_keys = resolve_keys(module, in_keys, out_keys, stacklevel=3)
+        self.in_keys, self.out_keys = resolve_keys(module, in_keys, out_keys)
         self._given_device = device
         self._clone = outputs == "clone"
         self._owner = f"CudaGraphModule({module_name(module)})"
@@ -385,10 +386,10 @@ class CudaGraphModule(WrapperSurface):
             if ran is _NOTHING:
                 raise err
             warnings.warn(f"{err}\nThe call ran eagerly instead; later calls raise until reset().",
-                          UserWarning, stacklevel=4)
+                          UserWarning, stacklevel=user_stacklevel())
             return ran
         warnings.warn(f"{err}\n{self._owner} runs eagerly from now on (on_capture_failure='eager').",
-                      UserWarning, stacklevel=4)
+                      UserWarning, stacklevel=user_stacklevel())
         self._mode = reader
         self._eager_spec, self._eager_mode = InputSpec(layout, leaves, mode), mode
         self._state = State.EAGER

@@ -6,6 +6,8 @@ here runs on a replay that matches.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -50,3 +52,15 @@ def describe(value: Any) -> str:
         return repr(value)  # keeps -0.0 apart from 0.0
     text = repr(value)
     return text if len(text) <= 60 else f"a {type(value).__name__}"
+
+
+_OWN = (os.sep + "graphmodule" + os.sep, os.sep + "tensordict" + os.sep)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the user's line: the first frame outside
+    graphmodule and tensordict (whose ``dispatch`` may sit between), counted from the caller."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and any(part in frame.f_code.co_filename for part in _OWN):
+        frame, level = frame.f_back, level + 1
+    return level
