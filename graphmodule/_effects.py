@@ -105,7 +105,10 @@ class Effects:
                         if name in target.keys():
                             del target[name]
                 raw = type(target) is TensorDict and not target.is_locked
-                if batch_size is not None:
+                # a dense TensorDict takes the writes unchecked, then the new batch size (as
+                # the function may have written entries of that size first); others check
+                # each write against the batch size, so it comes first
+                if batch_size is not None and not raw:
                     target.batch_size = batch_size
                 for name, recipe in writes:
                     value = build(recipe, values, leaves, objs, tree, memo)
@@ -113,6 +116,8 @@ class Effects:
                         target._tensordict[name] = value
                     else:
                         target.set(name, value)
+                if batch_size is not None and raw:
+                    target.batch_size = batch_size
                 for name in moved:  # deleted and set again, and what came after: last, in order
                     if raw:
                         target._tensordict[name] = target._tensordict.pop(name)

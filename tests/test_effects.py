@@ -78,3 +78,20 @@ def test_sub_tensordict_created_in_an_input_and_returned_is_one_object():
         _, sub = g(td)
         assert sub is td["b"]
         assert td["b", "leaf"] is td["x"]
+
+
+def test_entries_written_then_a_larger_batch_size():
+    # found by the long fuzz: the entry of the new shape is written before the batch size grows
+    def fn(td):
+        td["x"].add_(1)
+        td["x"] = td["x"].unsqueeze(0)
+        td.batch_size = [1, 1, 1]
+        return td["x"] * 2
+
+    g = CudaGraphModule(fn, warmup=1, backend="simulate")
+    for k in range(4):
+        td = TensorDict({"x": torch.full((1, 1), float(k))}, batch_size=[])
+        theirs = td.clone()
+        out, want = g(td), fn(theirs)
+        torch.testing.assert_close(out, want)
+        assert td.batch_size == theirs.batch_size and td["x"].shape == theirs["x"].shape
