@@ -112,8 +112,8 @@ class Effects:
                     target.batch_size = batch_size
                 for name, recipe in writes:
                     value = build(recipe, values, leaves, objs, tree, memo)
-                    if raw and isinstance(value, torch.Tensor):
-                        target._tensordict[name] = value
+                    if raw and isinstance(value, (torch.Tensor, TensorDictBase)):
+                        target._tensordict[name] = value  # as the function left it, batch size too
                     else:
                         target.set(name, value)
                 if batch_size is not None and raw:

@@ -95,3 +95,21 @@ def test_entries_written_then_a_larger_batch_size():
         out, want = g(td), fn(theirs)
         torch.testing.assert_close(out, want)
         assert td.batch_size == theirs.batch_size and td["x"].shape == theirs["x"].shape
+
+
+def test_batch_size_shrunk_then_a_nested_key_created():
+    # found by the long fuzz: the new sub-TensorDict took the old batch size
+    def fn(x, td):
+        td.batch_size = []
+        td["b", "leaf"] = x
+        return x * 2
+
+    g = CudaGraphModule(fn, warmup=1, backend="simulate")
+    for k in range(4):
+        td = TensorDict({"x": torch.zeros(1)}, batch_size=[1])
+        theirs = td.clone()
+        x = torch.full((1,), float(k))
+        g(x, td)
+        fn(x, theirs)
+        assert td.batch_size == theirs.batch_size and td["b"].batch_size == theirs["b"].batch_size
+        assert td["b", "leaf"] is x
