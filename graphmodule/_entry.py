@@ -14,9 +14,8 @@ import torch
 
 from ._effects import Effects
 from ._errors import Mismatch
-from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, resolve
+from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, resolve, span_bytes
 from ._outputs import GRAPH, REF, Plan, build, collect, dense
-from ._paths import format_key, format_path
 from ._spec import InputSpec
 from ._stale import Watch
 
@@ -161,15 +160,9 @@ class Entry:
                     if dense(static):
                         static.copy_(fresh)
                     else:  # an expanded tensor: write the memory it views, as the graph does
-                        _span_bytes(static).copy_(_span_bytes(fresh.detach()))
+                        span_bytes(static).copy_(span_bytes(fresh.detach()))
 
         return refresh
-
-
-def _span_bytes(t: torch.Tensor) -> torch.Tensor:
-    from ._inputs import _bytes
-
-    return _bytes(t)
 
 
 def rerun_body(module: Any, inputs: StaticInputs):
@@ -183,7 +176,3 @@ def rerun_body(module: Any, inputs: StaticInputs):
 
     return rerun
 
-
-def slot_text(path: tuple, key: tuple | None, arg_names) -> str:
-    text = format_path(path, arg_names)
-    return text if key is None else f"{text}[{format_key(key)}]"

@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 
 from ._errors import InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
-from ._paths import describe, format_key, format_path
+from ._paths import describe, format_key, format_path, leaf_texts
 from ._spec import InputSpec, same_constant
 from ._tree import MISSING, Node, Slot, _is_node, _is_non_tensor, flatten_with_path, is_slot_value
 
@@ -28,20 +28,12 @@ def describe_facts(f: tuple) -> str:
     return f"a tensor of shape {tuple(shape)}, {dtype} on {device}{extra}"
 
 
-def _leaf_path_texts(spec: InputSpec, arg_names: Sequence[str]) -> list[str]:
-    out = []
-    for path, key in spec.layout.leaf_paths():
-        text = format_path(path, arg_names)
-        out.append(text if key is None else f"{text}[{format_key(key)}]")
-    return out
-
-
 def describe_spec(spec: InputSpec, arg_names: Sequence[str] = ()) -> str:
     """The captured signature, one input per line."""
     facts_at = dict(zip(spec.tensor_index, spec.facts))
     consts_at = dict(zip(spec.const_index, spec.constants))
     lines = []
-    for i, text in enumerate(_leaf_path_texts(spec, arg_names)):
+    for i, text in enumerate(leaf_texts(spec.layout.leaf_paths(), arg_names)):
         if i in facts_at:
             lines.append(f"{text}: {describe_facts(facts_at[i])}")
         else:
@@ -193,7 +185,7 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
     consts_at = dict(zip(spec.const_index, spec.constants))
     keys = [key for _, key in layout.leaf_paths()]
     missing_keys: list = []
-    for i, (leaf, text) in enumerate(zip(leaves, _leaf_path_texts(spec, arg_names))):
+    for i, (leaf, text) in enumerate(zip(leaves, leaf_texts(spec.layout.leaf_paths(), arg_names))):
         if leaf is MISSING:
             if any(m.path == text for m in found) or _under_missing(text, found):
                 continue

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from ._tree import Layout, Node, build_td, slot_ranges, unflatten
+from ._tree import Layout, build_td, slot_ranges, unflatten
 
 __all__ = ["StaticInputs", "Materialized", "storage_base"]
 
@@ -79,7 +79,7 @@ def identity_pattern(leaves: Any, index: list[int]) -> list[int]:
     return [first.setdefault(id(leaves[i]), i) for i in index]
 
 
-class _Span:
+class Span:
     """A group of input leaves that are views of one storage: one byte buffer for all."""
 
     __slots__ = ("rep", "rep_start", "base", "nbytes", "flat", "device")
@@ -123,7 +123,7 @@ class StaticInputs:
         self.tensor_index = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
         groups = alias_groups([(i, leaves[i]) for i in self.tensor_index])
         self.identity = identity_pattern(leaves, self.tensor_index)
-        self.spans: list[_Span] = []
+        self.spans: list[Span] = []
         copy_dests, copy_srcs = [], []
         # per tensor leaf: the index of its group's first leaf (the alias pattern)
         self.pattern: dict[int, int] = {}
@@ -139,7 +139,7 @@ class StaticInputs:
                     for i, _ in members:
                         self.leaves[i] = buffer
                 else:
-                    span = _Span(members)
+                    span = Span(members)
                     self.spans.append(span)
                     for i, t in members:
                         if id(t) not in made:
@@ -187,7 +187,7 @@ class StaticInputs:
         if dests:
             torch._foreach_copy_(dests, sources)
 
-    def _span_of(self, i: int) -> _Span | None:
+    def _span_of(self, i: int) -> Span | None:
         for span in self.spans:
             if self.pattern[i] == span.rep:
                 return span
@@ -205,7 +205,7 @@ class StaticInputs:
     def snapshot(self) -> list[Tensor]:
         """Copies of the buffers' bytes, to find writes no version counter saw (``.data``)."""
         with torch.no_grad():
-            return [_bytes(t).clone() for t in self.buffers]
+            return [span_bytes(t).clone() for t in self.buffers]
 
     def written(self, versions: list, snapshot: list[Tensor]) -> list[int]:
         """The leaf indices whose buffers the function wrote."""
@@ -213,12 +213,13 @@ class StaticInputs:
         after = self.versions()
         for j, i in enumerate(self.tensor_index):
             moved = versions[j] is None or after[j] != versions[j]
-            if moved or not torch.equal(_bytes(self.buffers[j]), snapshot[j]):
+            if moved or not torch.equal(span_bytes(self.buffers[j]), snapshot[j]):
                 out.append(i)
         return out
 
 
-def _bytes(t: Tensor) -> Tensor:
+def span_bytes(t: Tensor) -> Tensor:
+    """The bytes of ``t``'s storage that ``t`` spans, as a uint8 view."""
     storage = t.untyped_storage()
     start, end = _extent(t)
     return _byte_view(storage, start, end - start, t.device)
@@ -244,7 +245,7 @@ class Materialized:
         self.tree = unflatten(layout, inputs.leaves, self.slot_objs)
         self.refs: dict[int, tuple] = {}
         self.objects: list[Any] = []  # keeps every referenced object alive
-        self._walk(self.tree, (), top=True)
+        self._walk(self.tree, ())
         for slot in layout.slots:
             obj = self.slot_objs[slot.position]
             self._register(obj, ("slot_obj", slot.position))
@@ -262,11 +263,10 @@ class Materialized:
             self.refs[id(obj)] = ref
             self.objects.append(obj)
 
-    def _walk(self, node: Any, path: tuple, top: bool = False) -> None:
+    def _walk(self, node: Any, path: tuple) -> None:
         if isinstance(node, _CONTAINERS) and not isinstance(node, TensorDictBase):
-            if not top and path:  # the (args, kwargs) pair and its two halves are Python's own
-                if len(path) > 1:
-                    self._register(node, ("tree", path))
+            if len(path) > 1:  # not the (args, kwargs) pair nor its two halves: Python's own
+                self._register(node, ("tree", path))
             items = node.items() if isinstance(node, dict) else enumerate(node)
             for key, child in items:
                 self._walk(child, path + (key,))
@@ -293,9 +293,3 @@ def resolve(ref: tuple, tree: Any, slot_objs: dict[int, Any]) -> Any:
     td = obj._tensordict if is_tensorclass(obj) else obj
     return td.get(key) if key else td
 
-
-def node_of(slot_root: Node, key: tuple) -> Node:
-    node = slot_root
-    for part in key:
-        node = dict(node.entries)[part]
-    return node

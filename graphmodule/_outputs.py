@@ -30,7 +30,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensorclass
 from torch import nn
 
-from ._inputs import Materialized, StaticInputs, resolve, storage_base
+from ._inputs import Materialized, Span, StaticInputs, resolve, storage_base
 
 __all__ = ["PlanBuilder", "Plan", "build"]
 
@@ -221,21 +221,12 @@ def dense(t: Tensor) -> bool:
 
 
 def _copy_shared(graph: list[Tensor], members: list[int], out: list[Tensor]) -> None:
-    tensors = [graph[j] for j in members]
-    starts = [t.storage_offset() * t.element_size() for t in tensors]
-    ends = []
-    for t, start in zip(tensors, starts):
-        last = sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-        ends.append(start + (last + 1) * t.element_size())
-    base, top = min(starts), max(ends)
-    src = torch.empty(0, dtype=torch.uint8, device=tensors[0].device).set_(
-        tensors[0].untyped_storage(), base, (top - base,), (1,))
-    block = src.clone()
+    span = Span([(j, graph[j]) for j in members])  # one copy of the bytes they share
     made: dict[int, Tensor] = {}
-    for j, t, start in zip(members, tensors, starts):
+    for j in members:
+        t = graph[j]
         if id(t) not in made:
-            view = torch.empty(0, dtype=t.dtype, device=t.device)
-            made[id(t)] = view.set_(block.untyped_storage(), (start - base) // t.element_size(), t.shape, t.stride())
+            made[id(t)] = span.view(t)
         out[j] = made[id(t)]
 
 

@@ -41,6 +41,15 @@ def format_path(path: Sequence[Any], arg_names: Sequence[str] = ()) -> str:
     return text + "".join(f"[{part!r}]" for part in rest)
 
 
+def leaf_texts(leaf_paths: Sequence[tuple], arg_names: Sequence[str] = ()) -> list[str]:
+    """Printable places of a layout's leaves: ``(optree path, key in a TensorDict or None)``."""
+    out = []
+    for path, key in leaf_paths:
+        text = format_path(path, arg_names)
+        out.append(text if key is None else f"{text}[{format_key(key)}]")
+    return out
+
+
 def describe(value: Any) -> str:
     """A short description of a value for messages; never prints tensor data."""
     if isinstance(value, torch.Tensor):

@@ -21,11 +21,10 @@ import torch
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
 from ._errors import InputMismatchError, Mismatch, RequiresGradError, UnsupportedError
-from ._explain import describe_facts
 from ._inputs import Materialized, StaticInputs
 from ._mode import ModeReader
 from ._outputs import Plan, PlanBuilder, Unsupported
-from ._paths import describe, format_key, format_path
+from ._paths import describe, leaf_texts
 from ._spec import InputSpec
 from ._stale import PythonEffects, Watch
 from ._tree import Layout
@@ -35,20 +34,12 @@ __all__ = ["read_call", "record", "mode_reader"]
 Tensor = torch.Tensor
 
 
-def _texts(layout: Layout, arg_names) -> list[str]:
-    out = []
-    for path, key in layout.leaf_paths():
-        text = format_path(path, arg_names)
-        out.append(text if key is None else f"{text}[{format_key(key)}]")
-    return out
-
-
 def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.device | None):
     """The layout, leaves and slot values of a call about to be captured; raises what a
     capture cannot take."""
     layout = Layout.capture(tree, by_key)
     leaves, objs = layout.leaves(tree)
-    texts = _texts(layout, arg_names)
+    texts = leaf_texts(layout.leaf_paths(), arg_names)
     grads = [Mismatch(text, "requires_grad", "False", "True")
              for leaf, text in zip(leaves, texts) if isinstance(leaf, Tensor) and leaf.requires_grad]
     if grads:
@@ -137,7 +128,3 @@ def record(
     entry.texts = texts
     return entry, materialized
 
-
-def describe_leaf(spec: InputSpec, i: int) -> str:
-    facts = dict(zip(spec.tensor_index, spec.facts))
-    return describe_facts(facts[i]) if i in facts else describe(dict(zip(spec.const_index, spec.constants))[i])

@@ -340,17 +340,3 @@ def build_td(node: Node, values: list) -> TensorDict:
     if node.names is not None:
         td.names = list(node.names)
     return td
-
-
-def tensor_leaves(tree: Any) -> list[torch.Tensor]:
-    """Every tensor in ``tree``, TensorDicts and tensorclasses expanded, in a fixed order."""
-    out: list[torch.Tensor] = []
-    for leaf in flatten(tree)[0]:
-        if isinstance(leaf, torch.Tensor):
-            out.append(leaf)
-        elif is_slot_value(leaf):
-            td = leaf._tensordict if is_tensorclass(leaf) else leaf
-            for value in td.values(include_nested=True, leaves_only=True):
-                if isinstance(value, torch.Tensor):
-                    out.append(value)
-    return out
