@@ -38,10 +38,12 @@ class Entry:
         runner: Any,
         handle: Any,
         clone: bool,
+        texts: list[str],
     ):
         self.spec, self.mode = spec, spec.mode
         self.inputs, self.effects, self.plan, self.out_recipe = inputs, effects, plan, out_recipe
         self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
+        self.texts = texts  # printable place of each input leaf, for messages
         self.stride_checked = sorted(stride_checked)
         self.stride_facts = [inputs.leaves[i].stride() for i in self.stride_checked]
         # inputs aliasing each other matter when the graph writes into inputs, or was
@@ -130,10 +132,9 @@ class Entry:
                     found.append(Mismatch(name(i), "alias", expected, got))
         return found
 
-    def make_refresh(self, rerun, module: Any = None) -> Any:
+    def make_refresh(self, rerun, module: Any) -> Any:
         """For a simulated graph: re-run the function and update the static results."""
         graph = self.plan.graph
-        self._module = module
 
         def refresh() -> None:
             out, targets = rerun([op[1] for op in self.effects.ops])
@@ -151,7 +152,7 @@ class Entry:
                         collect(recipe, value, found)
             # A real replay runs no Python; this re-run did, and may have rebound what the
             # watch holds (``group["lr"] = ...`` inside the function): look again.
-            self.watch = Watch(self._module) if self._module is not None else self.watch
+            self.watch = Watch(module)
             with torch.no_grad():
                 for j, fresh in found.items():
                     static = graph[j]

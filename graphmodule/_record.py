@@ -122,9 +122,9 @@ def record(
         runner=runner,
         handle=handle,
         clone=clone,
+        texts=texts,
     )
     if getattr(handle, "refresh", False) is None:  # a simulated graph
         handle.refresh = entry.make_refresh(rerun_body(module, inputs), module)
-    entry.texts = texts
     return entry, materialized
 
