@@ -861,12 +861,8 @@ class _BodyDrawer:
                     src, shape, dtype = self.value_expr(allow_const=True)
                     env.lines.append(f"{c.expr}[{key!r}] = {src}")
                     self._register(c, key, src, shape, dtype)
-                elif choice == "pop":
-                    name = env.local()
-                    env.lines.append(f"{name} = {c.expr}.pop({key!r})")
-                    self._popped(name, tensors + subs + consts, key)
                 else:
-                    env.lines.append(f"del {c.expr}[{key!r}]")
+                    self._remove(c, key, choice, tensors + subs + consts)
             self.tags.add(f"dict-{choice}")
             return True
         if c.kind == "list":
@@ -940,12 +936,7 @@ class _BodyDrawer:
         else:
             key = self.pick(keys)
             env.drop_under(c.path + (key,))
-            if choice == "pop":
-                name = env.local()
-                env.lines.append(f"{name} = {c.expr}.pop({key!r})")
-                self._popped(name, tensors + subs + consts, key)
-            else:
-                env.lines.append(f"del {c.expr}[{key!r}]")
+            self._remove(c, key, choice, tensors + subs + consts)
         self.tags.add(f"td-{choice}")
         return True
 
@@ -1014,6 +1005,16 @@ class _BodyDrawer:
             self.env.tensors.append(TRef(expr, shape, dtype, c.path + (key,), True))
         else:
             self.env.consts.append(KRef(expr, None, c.path + (key,)))
+
+    def _remove(self, c, key, choice: str, refs) -> None:
+        """``v = c.pop(key)`` (tracking what ``v`` holds) or ``del c[key]``."""
+        env = self.env
+        if choice == "pop":
+            name = env.local()
+            env.lines.append(f"{name} = {c.expr}.pop({key!r})")
+            self._popped(name, refs, key)
+        else:
+            env.lines.append(f"del {c.expr}[{key!r}]")
 
     def _popped(self, name: str, before: list, key) -> None:
         for ref in before:

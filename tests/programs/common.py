@@ -125,6 +125,17 @@ class Clock:
         }
 
 
+def store_transition(rb: "ReplayBuffer", td: TensorDict, metrics: dict[str, list[torch.Tensor]]) -> None:
+    """The off-policy scripts' step bookkeeping: the transition into the buffer (LeanRL's
+    field names), the step's mean reward and the returns of the episodes that ended."""
+    rb.extend(TensorDict(
+        observations=td["observation"], actions=td["action"], rewards=td["next", "reward"],
+        next_observations=td["next", "observation"], dones=td["next", "terminated"],
+        batch_size=td.batch_size))
+    metrics["reward"].append(td["next", "reward"].mean())
+    metrics["episode_return"].append(episode_return(td["next", "episode_reward"], td["next", "done"]))
+
+
 def finish(metrics: dict[str, list[torch.Tensor]], timing: dict) -> dict:
     """Turn the per-iteration metric tensors into lists of floats (one sync, at the end)."""
     out = {k: torch.stack([v.reshape(()).float() for v in vals]).tolist() if vals else []

@@ -28,7 +28,7 @@ from torch.distributions import Normal
 
 from examples.envs import Pendulum
 
-from .common import Clock, ReplayBuffer, capturable, episode_return, finish, mlp, seed_everything
+from .common import Clock, ReplayBuffer, capturable, finish, mlp, seed_everything, store_transition
 
 
 @dataclass
@@ -144,12 +144,7 @@ def run_sac(wrap, *, steps: int, device, seed: int = 0, **config) -> dict:
         else:
             td = policy(td)
         td, next_td = env.step_and_maybe_reset(td)
-        rb.extend(TensorDict(
-            observations=td["observation"], actions=td["action"], rewards=td["next", "reward"],
-            next_observations=td["next", "observation"], dones=td["next", "terminated"],
-            batch_size=[cfg.num_envs]))
-        metrics["reward"].append(td["next", "reward"].mean())
-        metrics["episode_return"].append(episode_return(td["next", "episode_reward"], td["next", "done"]))
+        store_transition(rb, td, metrics)
         clock.tick(cfg.num_envs)
         if step >= cfg.learning_starts:
             data = rb.sample(cfg.batch_size)
