@@ -36,3 +36,18 @@ def make():
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(params=["simulate", pytest.param("cuda", marks=pytest.mark.cuda)])
+def graph_backend(request):
+    """Simulated replays on CPU, and real CUDA graphs on a GPU (where tensors the test creates
+    land by default): one test body, proven both ways."""
+    if request.param == "simulate":
+        yield "simulate"
+        return
+    previous = torch.get_default_device()
+    torch.set_default_device("cuda")
+    try:
+        yield "cuda"
+    finally:
+        torch.set_default_device(previous)

@@ -1,4 +1,4 @@
-"""Effects on the caller's containers, replayed with eager key order (simulated replays).
+"""Effects on the caller's containers, replayed with eager key order (simulated and CUDA replays).
 
 The differential harness (tests/test_differential.py) covers the classes broadly; these are
 regressions it found, kept by name.
@@ -10,8 +10,8 @@ from tensordict import TensorDict
 from graphmodule import CudaGraphModule
 
 
-def _run(fn, make, calls=4):
-    g = CudaGraphModule(fn, warmup=1, backend="simulate")
+def _run(fn, make, backend, calls=4):
+    g = CudaGraphModule(fn, warmup=1, backend=backend)
     for k in range(calls):
         mine, theirs = make(k), make(k)
         g(*mine)
@@ -19,7 +19,7 @@ def _run(fn, make, calls=4):
         yield mine, theirs
 
 
-def test_key_set_again_unchanged_then_a_new_key_keeps_eager_order():
+def test_key_set_again_unchanged_then_a_new_key_keeps_eager_order(graph_backend):
     # before [x, b]; pop x, set x back (the same tensor), add a: eagerly [b, x, a]
     def fn(x, td):
         v = td.pop("x")
@@ -30,11 +30,11 @@ def test_key_set_again_unchanged_then_a_new_key_keeps_eager_order():
     def make(k):
         return torch.full((1,), float(k)), TensorDict(x=torch.ones(1), b=torch.zeros(1), batch_size=[1])
 
-    for (_, mine), (_, theirs) in _run(fn, make):
+    for (_, mine), (_, theirs) in _run(fn, make, graph_backend):
         assert list(mine.keys()) == list(theirs.keys()) == ["b", "x", "a"]
 
 
-def test_nested_tensordict_written_then_removed():
+def test_nested_tensordict_written_then_removed(graph_backend):
     def fn(td):
         td["sub"]["new"] = td["sub"]["a"] * 2
         sub = td.pop("sub")
@@ -44,11 +44,11 @@ def test_nested_tensordict_written_then_removed():
         return (TensorDict(sub=TensorDict(a=torch.full((2,), float(k)), batch_size=[2]), x=torch.ones(2),
                            batch_size=[2]),)
 
-    for (mine,), (theirs,) in _run(fn, make):
+    for (mine,), (theirs,) in _run(fn, make, graph_backend):
         assert list(mine.keys()) == list(theirs.keys()) == ["x"]
 
 
-def test_dict_and_list_effects():
+def test_dict_and_list_effects(graph_backend):
     def fn(d, items):
         d["y"] = d.pop("x") * 2
         items.append(d["y"])
@@ -57,13 +57,13 @@ def test_dict_and_list_effects():
     def make(k):
         return {"x": torch.full((2,), float(k)), "z": 1}, []
 
-    for (d, items), (d2, items2) in _run(fn, make):
+    for (d, items), (d2, items2) in _run(fn, make, graph_backend):
         assert list(d) == list(d2) == ["z", "y"]
         torch.testing.assert_close(d["y"], d2["y"])
         assert len(items) == 1 and items[0] is d["y"]
 
 
-def test_sub_tensordict_created_in_an_input_and_returned_is_one_object():
+def test_sub_tensordict_created_in_an_input_and_returned_is_one_object(graph_backend):
     # found by the long fuzz: the sub-TensorDict stored and the one returned were two copies
     def fn(td):
         td["b", "leaf"] = td["x"]
@@ -72,7 +72,7 @@ def test_sub_tensordict_created_in_an_input_and_returned_is_one_object():
     def make(k):
         return (TensorDict(x=torch.full((1,), float(k)), batch_size=[]),)
 
-    g = CudaGraphModule(fn, warmup=1, backend="simulate")
+    g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
     for k in range(4):
         (td,) = make(k)
         _, sub = g(td)
@@ -80,7 +80,7 @@ def test_sub_tensordict_created_in_an_input_and_returned_is_one_object():
         assert td["b", "leaf"] is td["x"]
 
 
-def test_entries_written_then_a_larger_batch_size():
+def test_entries_written_then_a_larger_batch_size(graph_backend):
     # found by the long fuzz: the entry of the new shape is written before the batch size grows
     def fn(td):
         td["x"].add_(1)
@@ -88,7 +88,7 @@ def test_entries_written_then_a_larger_batch_size():
         td.batch_size = [1, 1, 1]
         return td["x"] * 2
 
-    g = CudaGraphModule(fn, warmup=1, backend="simulate")
+    g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
     for k in range(4):
         td = TensorDict({"x": torch.full((1, 1), float(k))}, batch_size=[])
         theirs = td.clone()
@@ -97,14 +97,14 @@ def test_entries_written_then_a_larger_batch_size():
         assert td.batch_size == theirs.batch_size and td["x"].shape == theirs["x"].shape
 
 
-def test_batch_size_shrunk_then_a_nested_key_created():
+def test_batch_size_shrunk_then_a_nested_key_created(graph_backend):
     # found by the long fuzz: the new sub-TensorDict took the old batch size
     def fn(x, td):
         td.batch_size = []
         td["b", "leaf"] = x
         return x * 2
 
-    g = CudaGraphModule(fn, warmup=1, backend="simulate")
+    g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
     for k in range(4):
         td = TensorDict({"x": torch.zeros(1)}, batch_size=[1])
         theirs = td.clone()
