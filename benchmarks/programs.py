@@ -74,8 +74,8 @@ RUNNERS = {  # module.function of the programs package (imported by the children
 }
 # GPU sizes: near the published defaults, a few seconds per eager run.
 FULL = {
-    "ppo_closure": dict(steps=6, variant="closure"),
-    "ppo_tdmodule": dict(steps=6, variant="tdmodule"),
+    "ppo_closure": dict(steps=8, variant="closure"),
+    "ppo_tdmodule": dict(steps=8, variant="tdmodule"),
     "sac": dict(steps=700, learning_starts=100),
     "td3": dict(steps=700, learning_starts=100),
     "train_step": dict(steps=400),
@@ -84,9 +84,9 @@ FULL = {
 # --smoke: tiny sizes, as in the CPU tests (compiled with dynamo's eager backend: no build).
 SMOKE = {
     "ppo_closure": dict(steps=3, variant="closure", num_envs=4, rollout=8, minibatch=16, epochs=2, hidden=32,
-                        max_episode_steps=10),
+                        max_episode_steps=10, burnin=1),
     "ppo_tdmodule": dict(steps=3, variant="tdmodule", num_envs=4, rollout=8, minibatch=16, epochs=2, hidden=32,
-                         max_episode_steps=10),
+                         max_episode_steps=10, burnin=1),
     "sac": dict(steps=24, num_envs=4, learning_starts=8, batch_size=16, hidden=32, burnin=4),
     "td3": dict(steps=24, num_envs=4, learning_starts=8, batch_size=16, hidden=32, burnin=4),
     "train_step": dict(steps=12, batch_size=32, hidden=32),

@@ -207,3 +207,25 @@ def test_reset_recaptures(cuda):
         out = g(torch.ones(5, device=cuda))
     torch.testing.assert_close(out, torch.full((5,), 2.0, device=cuda))
     assert g.stats.captures == 2
+
+
+def test_capture_runs_no_full_garbage_collection(cuda, monkeypatch):
+    """A full ``gc.collect()`` before each capture cost some 100 ms in a program with
+    tensordict imported (the PPO program's gae capture: 181 ms against tensordict's 10 ms).
+    Like ``torch.cuda.graph``, collect only when ``force_cudagraph_gc`` asks for it."""
+    import gc
+
+    collections = []
+    real = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or real(*a))
+    g = CudaGraphModule(lambda x: x * 2, warmup=1)
+    x = torch.ones(4, device=cuda)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), x * 2)
+    assert g.stats.captures == 1 and collections == []
+
+    monkeypatch.setattr(torch.compiler.config, "force_cudagraph_gc", True)
+    g = CudaGraphModule(lambda x: x * 3, warmup=1)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), x * 3)
+    assert len(collections) == 1

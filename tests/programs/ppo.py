@@ -46,7 +46,7 @@ class PPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     max_episode_steps: int = 200
-    burnin: int = 1  # iterations before the clock starts (warmup and capture)
+    burnin: int = 3  # iterations before the clock starts (gae captures at its third call)
 
 
 class Agent(nn.Module):

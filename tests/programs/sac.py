@@ -44,7 +44,7 @@ class SACConfig:
     q_lr: float = 1e-3
     policy_frequency: int = 2
     max_episode_steps: int = 200
-    burnin: int = 10  # steps after learning_starts before the clock starts
+    burnin: int = 20  # steps after learning_starts before the clock starts (every update captured)
 
 
 class Actor(nn.Module):

@@ -25,9 +25,9 @@ from .isolated import run_programs
 # every wrapped function, and end a few episodes (short episodes) to exercise the resets.
 SHORT = {
     "ppo_closure": (ppo.run_ppo, dict(steps=4, variant="closure", num_envs=4, rollout=8, minibatch=16,
-                                      epochs=2, hidden=32, max_episode_steps=10)),
+                                      epochs=2, hidden=32, max_episode_steps=10, burnin=1)),
     "ppo_tdmodule": (ppo.run_ppo, dict(steps=4, variant="tdmodule", num_envs=4, rollout=8, minibatch=16,
-                                       epochs=2, hidden=32, max_episode_steps=10)),
+                                       epochs=2, hidden=32, max_episode_steps=10, burnin=1)),
     "sac": (sac.run_sac, dict(steps=40, num_envs=4, learning_starts=8, batch_size=16, hidden=32,
                               max_episode_steps=16, burnin=4)),
     "td3": (td3.run_td3, dict(steps=40, num_envs=4, learning_starts=8, batch_size=16, hidden=32,
@@ -87,8 +87,8 @@ def test_eager_runs_are_deterministic(name):
 # -- CUDA ------------------------------------------------------------------------------------
 # Short runs on the GPU: sizes near the published defaults, a few iterations.
 CUDA_SHORT = {
-    "ppo_closure": (ppo.run_ppo, dict(steps=3, variant="closure", max_episode_steps=100)),
-    "ppo_tdmodule": (ppo.run_ppo, dict(steps=3, variant="tdmodule", max_episode_steps=100)),
+    "ppo_closure": (ppo.run_ppo, dict(steps=3, variant="closure", max_episode_steps=100, burnin=1)),
+    "ppo_tdmodule": (ppo.run_ppo, dict(steps=3, variant="tdmodule", max_episode_steps=100, burnin=1)),
     "sac": (sac.run_sac, dict(steps=120, learning_starts=50, max_episode_steps=50)),
     "td3": (td3.run_td3, dict(steps=120, learning_starts=50, max_episode_steps=50)),
     "train_step": (train_step.run_train_step, dict(steps=50)),
