@@ -51,8 +51,11 @@ class Runner(Protocol):
     captures: bool
     device: torch.device | None
     capture_seconds: float
+    capture_bytes: int
 
     def run_eager(self, body: Callable[[], Any]) -> Any: ...
+
+    def debug_dump(self, handle: Any, path: str, owner: str) -> None: ...
 
     def capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]: ...
 
@@ -67,12 +70,17 @@ class EagerRunner:
     captures = False
     device = None
     capture_seconds = 0.0
+    capture_bytes = 0
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
         return body()
 
     def release(self, handle: Any) -> None:
         pass
+
+    def debug_dump(self, handle: Any, path: str, owner: str) -> None:
+        raise GraphStateError(f"{owner} records no CUDA graph (backend {type(self).__name__}): "
+                              "there is no graph structure to dump; use backend='cuda' on a GPU.")
 
 
 class SimulatedHandle:
@@ -110,9 +118,11 @@ class CudaRunner:
 
     captures = True
 
-    def __init__(self, device: torch.device, capture_error_mode: str = "thread_local", pool: Any = None) -> None:
+    def __init__(self, device: torch.device, capture_error_mode: str = "thread_local", pool: Any = None,
+                 debug: bool = False) -> None:
         self.device = device
         self.capture_error_mode = capture_error_mode
+        self.debug = debug  # graphs keep their CUDA graph for debug_dump
         # One side stream, forked from the caller's stream at each use: warmup work
         # and lazy initialisation (cuBLAS handles, autotuning) happen off the
         # legacy stream, as capture requires.
@@ -120,6 +130,7 @@ class CudaRunner:
         self._given_pool = pool
         self._new_pool()
         self.capture_seconds = 0.0
+        self.capture_bytes = 0
 
     def _new_pool(self) -> None:
         """The memory pool every graph of this runner captures into.
@@ -191,9 +202,12 @@ class CudaRunner:
             # program with tensordict imported, and runs only where torch is told to.
             if getattr(getattr(torch.compiler, "config", None), "force_cudagraph_gc", False):
                 gc.collect()
+            reserved = torch.cuda.memory_reserved(self.device)
             gc_was_enabled = gc.isenabled()
             gc.disable()
             graph = torch.cuda.CUDAGraph()
+            if self.debug:
+                graph.enable_debug_mode()
             body_error: BaseException | None = None
             end_error: BaseException | None = None
             out = None
@@ -237,6 +251,9 @@ class CudaRunner:
                 graph._graphmodule_pool = self.pool
             # a capture records without running: run once, so `out` holds this call's results
             graph.replay()
+            # what this capture added to the memory held (segments a shared pool already
+            # had are not counted again)
+            self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
         self.capture_seconds = time.perf_counter() - start
         return graph, out
 
@@ -247,6 +264,9 @@ class CudaRunner:
                 graph.replay()
             return
         graph.replay()
+
+    def debug_dump(self, graph: Any, path: str, owner: str) -> None:
+        graph.debug_dump(path)
 
     def release(self, graph: Any) -> None:
         if graph is None:
@@ -297,6 +317,10 @@ class _EmptyGraph:
     def reset(self) -> None:
         pass
 
+    def debug_dump(self, path: str) -> None:
+        raise GraphStateError("this graph recorded no kernel (the function only returns views or its "
+                              "inputs): there is nothing to dump.")
+
 
 def heal_generator(device: torch.device) -> None:
     """End the CUDA generator's capture mode after a failed capture.
@@ -320,7 +344,7 @@ def heal_generator(device: torch.device) -> None:
     graph.reset()
 
 
-def make_runner(backend: str, device: Any, capture_error_mode: str, pool: Any) -> Runner:
+def make_runner(backend: str, device: Any, capture_error_mode: str, pool: Any, debug: bool = False) -> Runner:
     """The runner a backend name asks for (``auto``: CUDA if available, else eager with a warning)."""
     has_cuda = torch.cuda.is_available()
     if backend == "auto":
@@ -348,4 +372,4 @@ def make_runner(backend: str, device: Any, capture_error_mode: str, pool: Any) -
         raise ValueError(f"device must be a CUDA device (got {device}).")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return CudaRunner(device, capture_error_mode, getattr(pool, "pool", pool))
+    return CudaRunner(device, capture_error_mode, getattr(pool, "pool", pool), debug)

@@ -16,6 +16,7 @@ other call (warmup, a capture, another graph, a mismatch to explain) takes
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import warnings
 from threading import get_ident
@@ -108,6 +109,7 @@ class CudaGraphModule(WrapperSurface):
             warning), ``"cuda"``, ``"eager"`` (no graphs; every check still runs) or
             ``"simulate"`` (the full capture/replay machinery, with each replay
             re-running the function on the graph's buffers: tests on CPU).
+        debug: keep each CUDA graph's structure for :meth:`debug_dump` (costs host memory).
 
     Example:
         >>> import torch, warnings
@@ -145,13 +147,14 @@ class CudaGraphModule(WrapperSurface):
         on_graph_limit: str = "raise",
         pool: Any = None,
         backend: str = "auto",
+        debug: bool = False,
     ) -> None:
         if not callable(module):
             raise TypeError(f"module must be callable (got {type(module).__name__}).")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"warmup must be an int >= 1 (got {warmup!r}).")
         self.options = Options(outputs, capture_error_mode, on_capture_failure, on_stale, max_graphs,
-                               on_graph_limit, pool, backend)
+                               on_graph_limit, pool, backend, debug)
         self.module = module
         self.warmup = warmup
         self.in_keys, self.out_keys = resolve_keys(module, in_keys, out_keys)
@@ -161,7 +164,7 @@ class CudaGraphModule(WrapperSurface):
         self._is_tensordict_module = self.in_keys is not None
         self._arg_names = ("tensordict",) if self._is_tensordict_module else ()
         self._sort_kwargs = binds_kwargs_by_name(module) and not self._is_tensordict_module
-        self._runner = make_runner(backend, device, capture_error_mode, pool)
+        self._runner = make_runner(backend, device, capture_error_mode, pool, debug)
         self.device = self._runner.device
         self._stats = GraphStats()
         # One call at a time: calls share the graph's buffers. Reentrant, for a function
@@ -193,6 +196,7 @@ class CudaGraphModule(WrapperSurface):
         """A snapshot of the counters (see :class:`GraphStats`)."""
         stats = self._stats.copy()
         stats.graphs = len(self._entries)
+        stats.graph_bytes = tuple(entry.capture_bytes for entry in self._entries)
         stats.pool_bytes = self._runner.pool_bytes() if self._entries and hasattr(self._runner, "pool_bytes") else 0
         return stats
 
@@ -206,6 +210,31 @@ class CudaGraphModule(WrapperSurface):
         """The most recently used captured ``torch.cuda.CUDAGraph``, if any."""
         handle = self._entries[0].handle if self._entries else None
         return handle if isinstance(handle, torch.cuda.CUDAGraph) else None
+
+    def debug_dump(self, path: str) -> list[str]:
+        """Write each held graph's structure as Graphviz (``torch.cuda.CUDAGraph.debug_dump``).
+
+        Needs ``debug=True`` and the CUDA backend. One graph goes to ``path``; with several
+        (``max_graphs``), graph ``n`` (most recently used first) goes to ``path`` with
+        ``.n`` before its suffix. Returns the paths written.
+
+        Example (on a GPU)::
+
+            g = CudaGraphModule(net, debug=True)
+            ...  # warm up and capture
+            g.debug_dump("policy.dot")  # then: dot -Tsvg policy.dot -o policy.svg
+        """
+        if not self._entries:
+            raise GraphStateError(f"{self._owner} holds no graph yet (state {self._state.value}): "
+                                  "call it until it has captured, then dump.")
+        if not self.options.debug:
+            raise GraphStateError(f"{self._owner} was built without debug=True, so its graphs keep no "
+                                  "structure to dump: build it with CudaGraphModule(..., debug=True).")
+        root, ext = os.path.splitext(os.fspath(path))
+        paths = [os.fspath(path)] if len(self._entries) == 1 else [f"{root}.{n}{ext}" for n in range(len(self._entries))]
+        for entry, where in zip(self._entries, paths):
+            self._runner.debug_dump(entry.handle, where, self._owner)
+        return paths
 
     def explain(self) -> str:
         """The state and, once captured, each graph's input signature."""
@@ -372,6 +401,7 @@ class CudaGraphModule(WrapperSurface):
         self._stats.captures += 1
         self._stats.replays += 1
         self._stats.capture_seconds = self._runner.capture_seconds
+        entry.capture_bytes = getattr(self._runner, "capture_bytes", 0)
         log.info("%s: captured graph %d in %.1f ms (%d held)", self._owner, self._stats.captures,
                  1e3 * self._runner.capture_seconds, len(self._entries))
         return entry.finish(leaves, objs, tree)

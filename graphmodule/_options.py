@@ -53,6 +53,7 @@ class Options:
     on_graph_limit: str = "raise"
     pool: Any = None
     backend: str = "auto"
+    debug: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -62,6 +63,8 @@ class Options:
                 raise ValueError(f"{name} must be one of {choices} (got {value!r}).")
         if isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int) or self.max_graphs < 1:
             raise ValueError(f"max_graphs must be an int >= 1 (got {self.max_graphs!r}).")
+        if not isinstance(self.debug, bool):
+            raise ValueError(f"debug must be True or False (got {self.debug!r}).")
 
     def changed(self) -> list[tuple[str, Any]]:
         """``(name, value)`` of the options that differ from their defaults, in order."""

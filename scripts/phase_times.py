@@ -1,8 +1,8 @@
 """Where one replay's host time goes, phase by phase, for the functions of the real programs.
 
 Runs a short program (``td3``, ``sac``, ``ppo_tdmodule``, ``ppo_closure``) with graphmodule,
-records each wrapped function's last call, then times that call repeatedly, whole and
-phase by phase (match, mode, watch, extra, copy, replay, finish); on CUDA also tensordict's
+records each wrapped function's last call, then times that call repeatedly (the GPU drained
+before each, so that a full launch queue does not count), whole and phase by phase (match, mode, watch, extra, copy, replay, finish); on CUDA also tensordict's
 wrapper of the same program, whole. Host microseconds, median of ``--reps`` calls.
 
     python scripts/phase_times.py td3 ppo_tdmodule [--reps 2000]
@@ -55,13 +55,15 @@ def recording(wrap):
 
 
 def median_us(fn, reps: int, cuda: bool) -> float:
+    """Host time of one call with the GPU idle when it starts (a sync before each, not
+    timed): the call's own cost, not the queue's."""
     times = []
-    for i in range(reps):
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter_ns()
         fn()
         times.append(time.perf_counter_ns() - t0)
-        if cuda and i % 64 == 63:
-            torch.cuda.synchronize()
     return statistics.median(times) / 1e3
 
 

@@ -229,3 +229,22 @@ def test_capture_runs_no_full_garbage_collection(cuda, monkeypatch):
     for _ in range(3):
         torch.testing.assert_close(g(x), x * 3)
     assert len(collections) == 1
+
+
+def test_debug_dump_and_memory_per_graph(cuda, tmp_path):
+    net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)).to(cuda)
+    g = CudaGraphModule(net, warmup=1, max_graphs=2, debug=True)
+    with torch.no_grad():
+        for batch in (8, 8, 32, 32):
+            x = torch.randn(batch, 16, device=cuda)
+            torch.testing.assert_close(g(x), net(x))
+    stats = g.stats
+    assert stats.graphs == 2 and len(stats.graph_bytes) == 2
+    assert all(b >= 0 for b in stats.graph_bytes) and sum(stats.graph_bytes) > 0
+    paths = g.debug_dump(tmp_path / "policy.dot")
+    assert paths == [str(tmp_path / "policy.0.dot"), str(tmp_path / "policy.1.dot")]
+    for path in paths:
+        text = open(path).read()
+        assert text.startswith("digraph") and "kernel" in text.lower()
+    x = torch.randn(8, 16, device=cuda)
+    torch.testing.assert_close(g(x), net(x))  # replays still right after the dump

@@ -7,7 +7,7 @@ import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-from graphmodule import CudaGraphModule, InputMismatchError, UnsupportedError
+from graphmodule import CudaGraphModule, GraphStateError, InputMismatchError, UnsupportedError
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -178,3 +178,33 @@ class TestIntrospection:
     def test_tensordict_module_state_dict(self, make):
         module = TensorDictModule(nn.Linear(2, 2), in_keys=["x"], out_keys=["y"])
         assert set(make(module).state_dict()) == {"module.weight", "module.bias"}
+
+
+class TestDebugDump:
+    """``debug_dump`` says why it cannot dump instead of failing inside torch."""
+
+    def test_before_capture(self):
+        g = CudaGraphModule(lambda x: x + 1, backend="simulate", debug=True)
+        with pytest.raises(GraphStateError, match=r"holds no graph yet \(state warmup\): call it until"):
+            g.debug_dump("graph.dot")
+
+    def test_without_debug(self):
+        g = CudaGraphModule(lambda x: x + 1, backend="simulate", warmup=1)
+        for _ in range(2):
+            g(torch.zeros(2))
+        with pytest.raises(GraphStateError, match=r"built without debug=True.*CudaGraphModule\(\.\.\., debug=True\)"):
+            g.debug_dump("graph.dot")
+
+    def test_simulated_graph_has_no_structure(self, tmp_path):
+        g = CudaGraphModule(lambda x: x + 1, backend="simulate", warmup=1, debug=True)
+        for _ in range(2):
+            g(torch.zeros(2))
+        with pytest.raises(GraphStateError, match="records no CUDA graph .*use backend='cuda' on a GPU"):
+            g.debug_dump(tmp_path / "graph.dot")
+        assert not (tmp_path / "graph.dot").exists()
+        assert g(torch.ones(2)).tolist() == [2.0, 2.0]  # still usable
+
+    @pytest.mark.parametrize("value", [1, "yes", None])
+    def test_debug_must_be_bool(self, value):
+        with pytest.raises(ValueError, match=rf"debug must be True or False \(got {value!r}\)"):
+            CudaGraphModule(lambda x: x, backend="eager", debug=value)
