@@ -266,7 +266,10 @@ class CudaRunner:
         graph.replay()
 
     def debug_dump(self, graph: Any, path: str, owner: str) -> None:
-        graph.debug_dump(path)
+        # torch announces each dump with "DEBUG: ..." warnings; the caller asked for it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="DEBUG: calling")
+            graph.debug_dump(path)
 
     def release(self, graph: Any) -> None:
         if graph is None:

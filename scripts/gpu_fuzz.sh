@@ -8,6 +8,7 @@ seconds=${1:-300}
 workers=${2:-12}
 OUT=${OUT:-/tmp/graphmodule-fuzz}
 mkdir -p "$OUT" /tmp/gm-fuzz
+rm -f /tmp/gm-fuzz/worker*.log  # a warm machine keeps the last run's logs
 if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/tensordict ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
