@@ -108,6 +108,15 @@ class Span:
         return out.set_(self.flat.untyped_storage(), rel // t.element_size(), t.shape, t.stride())
 
 
+def _copy(dests: list, sources: list) -> None:
+    if any(map(is_, dests, sources)):  # a producer wrote straight into a buffer
+        pairs = [(d, s) for d, s in zip(dests, sources) if d is not s]
+        dests, sources = [d for d, _ in pairs], [s for _, s in pairs]
+        if not dests:
+            return
+    torch._foreach_copy_(dests, sources)
+
+
 class StaticInputs:
     """Buffers for the capturing call's tensor leaves, aliased as the call's leaves are.
 
@@ -150,23 +159,31 @@ class StaticInputs:
         self.aliased = any(len(m) > 1 for m in groups)
         self.copy_dests = copy_dests
         self.copy_srcs = copy_srcs
-        self.identity_copy = copy_srcs == self.tensor_index and not self.spans
+        # torch._foreach_copy_ takes its fused path (one launch per list on CUDA) only when
+        # every tensor shares a dtype and device; otherwise it copies tensor by tensor. So
+        # mixed inputs (float observations, bool dones) are copied one list per kind.
+        kinds: dict[tuple, tuple[list, list]] = {}
+        for dest, src in zip(copy_dests, copy_srcs):
+            dests, srcs = kinds.setdefault((dest.dtype, dest.device), ([], []))
+            dests.append(dest)
+            srcs.append(src)
+        self.copy_groups = list(kinds.values()) if len(kinds) > 1 else None
+        self.identity_copy = copy_srcs == self.tensor_index and not self.spans and self.copy_groups is None
         self.all_tensors = len(self.tensor_index) == len(self.leaves)
         self.buffers = [self.leaves[i] for i in self.tensor_index]
 
     def copy_from(self, leaves: Any) -> None:
         """Copy a call's tensor leaves into the buffers (one foreach launch, plus spans)."""
-        if self.identity_copy:
-            sources = leaves if self.all_tensors else [leaves[i] for i in self.tensor_index]
+        if self.copy_groups is not None:
+            for dests, srcs in self.copy_groups:
+                _copy(dests, [leaves[i] for i in srcs])
         else:
-            sources = [leaves[i] for i in self.copy_srcs]
-        dests = self.copy_dests
-        if dests:
-            if any(map(is_, dests, sources)):  # a producer wrote straight into a buffer
-                pairs = [(d, s) for d, s in zip(dests, sources) if d is not s]
-                dests, sources = [d for d, _ in pairs], [s for _, s in pairs]
-            if dests:
-                torch._foreach_copy_(dests, sources)
+            if self.identity_copy:
+                sources = leaves if self.all_tensors else [leaves[i] for i in self.tensor_index]
+            else:
+                sources = [leaves[i] for i in self.copy_srcs]
+            if self.copy_dests:
+                _copy(self.copy_dests, sources)
         for span in self.spans:
             span.flat.copy_(span.source(leaves[span.rep]))
 

@@ -1,9 +1,10 @@
 """Where one replay's host time goes, phase by phase, for the functions of the real programs.
 
-Runs a short program (``td3``, ``sac``, ``ppo_tdmodule``, ``ppo_closure``) with graphmodule,
-records each wrapped function's last call, then times that call repeatedly (the GPU drained
-before each, so that a full launch queue does not count), whole and phase by phase (match, mode, watch, extra, copy, replay, finish); on CUDA also tensordict's
-wrapper of the same program, whole. Host microseconds, median of ``--reps`` calls.
+Runs a short program (``td3``, ``sac``, ``ppo_tdmodule``, ``ppo_closure``) with graphmodule
+and, on CUDA, with tensordict's wrapper; records each wrapped function's last call; then times
+those calls repeatedly, the two wrappers' calls interleaved and the GPU drained before each
+(a full launch queue does not count): whole, and graphmodule's phase by phase (match, mode,
+watch, extra, copy, replay, finish). Host microseconds, median of ``--reps`` calls.
 
     python scripts/phase_times.py td3 ppo_tdmodule [--reps 2000]
 
@@ -110,6 +111,25 @@ def phases(wrapper, args, kwargs, reps: int, cuda: bool) -> dict:
     return out, sizes
 
 
+def paired_us(fns: list, reps: int, cuda: bool) -> list[float]:
+    """Host time of each of ``fns`` (one call each), interleaved call by call (ABAB...), so
+    that drift in the machine's speed affects every one alike; median per function."""
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, ts in zip(fns, times):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            fn()
+            ts.append(time.perf_counter_ns() - t0)
+    return [statistics.median(ts) / 1e3 for ts in times]
+
+
+def label_of(inner) -> str:
+    module = getattr(inner, "module", inner)
+    return getattr(module, "__name__", None) or type(module).__name__
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("programs", nargs="+", choices=sorted(RUNS))
@@ -120,39 +140,49 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     backend = "cuda" if cuda else "simulate"
+    names = ("graphmodule", "tensordict") if cuda else ("graphmodule",)
     for program in args.programs:
         run, steps = RUNS[program]
-        rows = []
-        for name in ("graphmodule", "tensordict") if cuda else ("graphmodule",):
+        recorded = {}
+        for name in names:
             wrap, calls = recording(make_wrap(name, backend=backend) if name == "graphmodule" else make_wrap(name))
             run(wrap, steps=steps, device=device, seed=0)
-            for k, (inner, a, kw, grad) in sorted(calls.items()):
-                module = getattr(inner, "module", inner)
-                label = getattr(module, "__name__", None) or type(module).__name__
-                row = {"fn": f"{k}:{label}", "wrapper": name}
-                with torch.set_grad_enabled(grad):
-                    try:
-                        inner(*a, **kw)
-                    except Exception as e:  # a call that changed its arguments (gae adds keys)
-                        row["fn"] += f" (not repeatable: {type(e).__name__})"
-                        rows.append(row)
-                        continue
-                    row["whole"] = median_us(lambda: inner(*a, **kw), args.reps, cuda)
-                    if name == "graphmodule":
-                        ph, sizes = phases(inner, a, kw, args.reps, cuda)
-                        row.update(ph)
-                        row.update(sizes)
-                    if args.trace and cuda:
-                        traces.append((program, row["fn"], name, trace(lambda: inner(*a, **kw))))
-                rows.append(row)
-        print(f"== {program} ({device}, torch {torch.__version__})")
-        cols = ["fn", "wrapper", "whole", "match", "mode", "watch", "extra", "copy", "replay", "finish", "sum",
-                "entry.replay", "_run_locked", "_run",
+            recorded[name] = calls
+        rows = []
+        for k, (inner, a, kw, grad) in sorted(recorded["graphmodule"].items()):
+            row = {"fn": f"{k}:{label_of(inner)}"}
+            pairs = [(name, recorded[name][k]) for name in names if k in recorded[name]]
+            with torch.set_grad_enabled(grad):
+                try:
+                    for _, (w, wa, wkw, _) in pairs:
+                        w(*wa, **wkw)
+                except Exception as e:  # a call that changed its arguments (gae adds keys)
+                    row["fn"] += f" (not repeatable: {type(e).__name__})"
+                    rows.append(row)
+                    continue
+                whole = paired_us([lambda w=w, wa=wa, wkw=wkw: w(*wa, **wkw) for _, (w, wa, wkw, _) in pairs],
+                                  args.reps, cuda)
+                for (name, _), us in zip(pairs, whole):
+                    row[name] = us
+                if "tensordict" in row:
+                    row["gm/td"] = row["graphmodule"] / row["tensordict"]
+                ph, sizes = phases(inner, a, kw, args.reps, cuda)
+                row.update(ph)
+                row.update(sizes)
+                if args.trace and cuda:
+                    for name, (w, wa, wkw, _) in pairs:
+                        traces.append((program, row["fn"], name, trace(lambda: w(*wa, **wkw))))
+            rows.append(row)
+        print(f"== {program} ({device}, torch {torch.__version__}; whole calls interleaved, GPU drained before each)")
+        cols = ["fn", "tensordict", "graphmodule", "gm/td", "match", "mode", "watch", "extra", "copy", "replay",
+                "finish", "sum", "entry.replay", "_run_locked", "_run",
                 "watched tensors", "watched objects", "watched values", "input leaves"]
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
         for row in rows:
-            print("| " + " | ".join(f"{row[c]:.1f}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in cols) + " |")
+            print("| " + " | ".join(f"{row[c]:.2f}" if c == "gm/td" and c in row else
+                                    f"{row[c]:.1f}" if isinstance(row.get(c), float) else str(row.get(c, ""))
+                                    for c in cols) + " |")
     for program, fn, name, table in traces:
         print(f"\n== trace {program} {fn} {name}: per call, CPU-side events (count, host us)")
         print(table)

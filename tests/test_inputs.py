@@ -65,3 +65,28 @@ def test_one_object_where_two_views_of_the_same_memory_were_captured(graph_backe
     else:
         torch.testing.assert_close(out, same * 2)
         assert p.obs is p.reward
+
+
+def test_inputs_of_several_dtypes_are_copied_one_list_per_dtype(graph_backend):
+    # a replay-buffer sample: float observations, bool dones, int64 indices. torch's fused
+    # foreach copy needs one dtype per list, so the buffers are copied in one list per dtype
+    from tensordict import TensorDict
+
+    def update(data):
+        return (data["obs"].sum(-1) * (~data["done"]).float() + data["index"].float()).sum()
+
+    g = CudaGraphModule(update, warmup=1, backend=graph_backend)
+
+    def sample(k):
+        return TensorDict(obs=torch.full((4, 3), float(k)), next_obs=torch.full((4, 3), k + 0.5),
+                          done=torch.tensor([k % 2 == 0, False, True, False]),
+                          index=torch.arange(4) + k, batch_size=[4])
+
+    for k in range(2):
+        g(sample(k))
+    groups = g._entries[0].inputs.copy_groups
+    assert sorted(str(dests[0].dtype) for dests, _ in groups) == ["torch.bool", "torch.float32", "torch.int64"]
+    assert sorted(len(dests) for dests, _ in groups) == [1, 1, 2]
+    for k in range(2, 6):
+        data = sample(k)
+        torch.testing.assert_close(g(data), update(data))
