@@ -1,4 +1,4 @@
-"""A batched Pendulum in pure torch, in the TensorDict layout of TorchRL.
+"""A batched Pendulum and a batched CartPole in pure torch, in the TensorDict layout of TorchRL.
 
 ``Pendulum(num_envs, device, seed)`` follows gymnasium's ``Pendulum-v1`` exactly
 (max_speed 8, max_torque 2, dt 0.05, g 10, m 1, l 1, truncation after 200 steps,
@@ -15,6 +15,9 @@ a rollout queues its work without host synchronisation (and ``step`` could be gr
 >>> td, next_td = env.step_and_maybe_reset(td)
 >>> td["next", "reward"].shape, next_td["observation"].shape
 (torch.Size([4, 1]), torch.Size([4, 3]))
+
+``CartPole(num_envs, device, seed)`` follows gymnasium's ``CartPole-v1`` the same way (see
+its docstring), with a discrete action: ``td["action"]`` holds one int64 0 or 1 per env.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 import torch
 from tensordict import TensorDict
 
-__all__ = ["Pendulum", "angle_normalize"]
+__all__ = ["CartPole", "Pendulum", "angle_normalize"]
 
 
 def angle_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -114,6 +117,115 @@ class Pendulum:
         fresh = self._random_state()
         self.th = torch.where(done, fresh[:, 0], self.th)
         self.thdot = torch.where(done, fresh[:, 1], self.thdot)
+        self.step_count = torch.where(done, 0, self.step_count)
+        self.episode_reward = torch.where(done, 0.0, self.episode_reward)
+        next_td = TensorDict(observation=self.observation(), batch_size=[self.num_envs], device=self.device)
+        return td, next_td
+
+
+class CartPole:
+    """``num_envs`` CartPole-v1 environments stepped together.
+
+    gymnasium's ``CartPole-v1`` exactly: gravity 9.8, cart mass 1, pole mass 0.1, half pole
+    length 0.5, ``force_mag`` 10, ``tau`` 0.02 with the explicit Euler integrator; an episode
+    terminates when ``|x| > 2.4`` or ``|theta| > 12 degrees`` and is truncated after
+    ``max_steps`` (500) steps; the reward is 1 at every step, the terminating one included;
+    a reset draws ``[x, x_dot, theta, theta_dot]`` uniformly in ``[-0.05, 0.05]``.
+
+    The action is discrete: ``td["action"]`` is an int64 tensor of shape [N] or [N, 1] holding
+    0 (push left) or 1 (push right); as in gymnasium, any value other than 1 pushes left.
+    ``act_dim`` (= ``num_actions`` = 2) is the number of actions, the size of a policy's
+    logits; the action itself is one index per env.
+
+    Keys written by :meth:`step`: ``("next", "observation")`` [N, 4] (float32, gymnasium's
+    ``[x, x_dot, theta, theta_dot]``), ``("next", "reward")``, ``("next", "done")``,
+    ``("next", "terminated")``, ``("next", "truncated")`` and ``("next", "episode_reward")``,
+    all [N, 1]. The state is kept in ``dtype`` (float32 by default; gymnasium computes in
+    float64, which ``dtype=torch.float64`` reproduces to the last bits or so). Like
+    :class:`Pendulum`, ``step`` and ``step_and_maybe_reset`` are tensor operations only.
+
+    >>> env = CartPole(4, "cpu", seed=0)
+    >>> td = env.reset()
+    >>> td["action"] = torch.ones(4, dtype=torch.int64)
+    >>> td, next_td = env.step_and_maybe_reset(td)
+    >>> td["next", "reward"].shape, next_td["observation"].shape
+    (torch.Size([4, 1]), torch.Size([4, 4]))
+    """
+
+    gravity, masscart, masspole, length, force_mag, tau = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02
+    total_mass = masspole + masscart
+    polemass_length = masspole * length
+    theta_threshold_radians = 12 * 2 * math.pi / 360
+    x_threshold = 2.4
+    obs_dim, act_dim, num_actions = 4, 2, 2
+
+    def __init__(self, num_envs: int, device: torch.device | str = "cpu", seed: int = 0,
+                 max_steps: int = 500, dtype: torch.dtype = torch.float32) -> None:
+        self.num_envs, self.device, self.max_steps, self.dtype = num_envs, torch.device(device), max_steps, dtype
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.state = torch.zeros(num_envs, 4, device=self.device, dtype=dtype)
+        self.episode_reward = torch.zeros(num_envs, device=self.device)
+        self.step_count = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
+
+    # -- state ---------------------------------------------------------------------------
+    def _random_state(self) -> torch.Tensor:
+        # gymnasium: np_random.uniform(low=-0.05, high=0.05, size=(4,))
+        u = torch.rand(self.num_envs, 4, generator=self.generator, device=self.device, dtype=self.dtype)
+        return 0.1 * u - 0.05
+
+    def observation(self) -> torch.Tensor:
+        return self.state.to(torch.float32, copy=True)
+
+    def set_state(self, state: torch.Tensor) -> TensorDict:
+        """Set ``[x, x_dot, theta, theta_dot]`` ([N, 4]) of every cart (restarts their episodes)."""
+        self.state.copy_(state)
+        self.step_count.zero_()
+        self.episode_reward.zero_()
+        return TensorDict(observation=self.observation(), batch_size=[self.num_envs], device=self.device)
+
+    def reset(self) -> TensorDict:
+        return self.set_state(self._random_state())
+
+    # -- dynamics ------------------------------------------------------------------------
+    def step(self, td: TensorDict) -> TensorDict:
+        """Apply ``td["action"]`` (int64 0/1, [N] or [N, 1]); write the ``"next"`` entries
+        into ``td`` and return it."""
+        action = td["action"].reshape(self.num_envs)
+        force = torch.where(action == 1, self.force_mag, -self.force_mag).to(self.dtype)
+        x, x_dot, theta, theta_dot = self.state.unbind(-1)
+        costheta, sintheta = torch.cos(theta), torch.sin(theta)
+        temp = (force + self.polemass_length * theta_dot.square() * sintheta) / self.total_mass
+        thetaacc = (self.gravity * sintheta - costheta * temp) / (
+            self.length * (4.0 / 3.0 - self.masspole * costheta.square() / self.total_mass))
+        xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
+        # euler: positions move with the old velocities
+        x, x_dot = x + self.tau * x_dot, x_dot + self.tau * xacc
+        theta, theta_dot = theta + self.tau * theta_dot, theta_dot + self.tau * thetaacc
+        self.state = torch.stack([x, x_dot, theta, theta_dot], -1)
+        terminated = ((x < -self.x_threshold) | (x > self.x_threshold)
+                      | (theta < -self.theta_threshold_radians) | (theta > self.theta_threshold_radians))
+        self.step_count = self.step_count + 1
+        truncated = self.step_count >= self.max_steps
+        reward = torch.ones(self.num_envs, device=self.device)
+        self.episode_reward = self.episode_reward + reward
+        td["next"] = TensorDict(
+            observation=self.observation(),
+            reward=reward.unsqueeze(-1),
+            done=(terminated | truncated).unsqueeze(-1),
+            terminated=terminated.unsqueeze(-1),
+            truncated=truncated.unsqueeze(-1),
+            episode_reward=self.episode_reward.unsqueeze(-1),
+            batch_size=[self.num_envs],
+            device=self.device,
+        )
+        return td
+
+    def step_and_maybe_reset(self, td: TensorDict) -> tuple[TensorDict, TensorDict]:
+        """``step``, then reset the finished environments; returns ``(td, next_td)``, as
+        :meth:`Pendulum.step_and_maybe_reset` does (no host synchronisation)."""
+        td = self.step(td)
+        done = td["next", "done"].reshape(self.num_envs)
+        self.state = torch.where(done.unsqueeze(-1), self._random_state(), self.state)
         self.step_count = torch.where(done, 0, self.step_count)
         self.episode_reward = torch.where(done, 0.0, self.episode_reward)
         next_td = TensorDict(observation=self.observation(), batch_size=[self.num_envs], device=self.device)
