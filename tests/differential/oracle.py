@@ -340,8 +340,8 @@ class CallRecord:
     label: str
     k: int
     changed: bool
-    eager: str
-    wrapper: str
+    eager: Any  # printable: a str, or a _Text described when printed
+    wrapper: Any
 
 
 @dataclass
@@ -384,6 +384,23 @@ def _call(f, args: tuple, kwargs: dict) -> tuple[Any, BaseException | None, list
         except Exception as exc:  # noqa: BLE001 - compared below
             out, err = None, exc
     return out, err, [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+class _Text:
+    """A call's result, described when printed (a report): describing a tensor reads it on
+    the host, a sync per call on a GPU. Tensors are snapshotted (an asynchronous copy), so
+    the text shows the values of that call even if later calls write into them."""
+
+    __slots__ = ("out", "err")
+
+    def __init__(self, out: Any, err: BaseException | None) -> None:
+        self.out = out.detach().clone() if isinstance(out, torch.Tensor) and not out.is_sparse else out
+        self.err = err
+
+    def __str__(self) -> str:
+        return show(self.err, 300) if self.err is not None else "returned " + show(self.out, 80)
+
+    __repr__ = __str__
 
 
 def _short(out: Any, err: BaseException | None) -> str:
@@ -489,7 +506,7 @@ def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs
                                   "a call with the same signature captured/replayed fine", show(w_err, 400)))
         else:
             e_out, e_err, e_warn = _call(fn, ea, ek)
-            calls.append(CallRecord(label, k, changed, _short(e_out, e_err), _short(w_out, w_err)))
+            calls.append(CallRecord(label, k, changed, _Text(e_out, e_err), _Text(w_out, w_err)))
             extra = [w for w in w_warn if w not in e_warn]
             if extra:
                 diffs.append(Diff(label, "warning", "call", "no warning", " || ".join(extra)[:600]))
