@@ -70,9 +70,15 @@ class Effects:
     def __init__(self, written: list[int], changes: list, materialized: Materialized, builder: PlanBuilder):
         self.written = written
         self.ops: list[tuple] = []
+        # (position, key, batch size): the caller's TensorDict at a slot must hold a nested
+        # TensorDict of that batch size at key (None: must not hold one), for the ops to be
+        # what the function would do (see Materialized.mirrors)
+        self.requires: list[tuple] = []
         for obj, before, after in changes:
             ref = materialized.refs[id(obj)]
             kind = after[0]
+            # a TensorDict slot itself is registered as the slot's object: its place is its root
+            where = ("slot", ref[1], ()) if ref[0] == "slot_obj" and isinstance(obj, TensorDictBase) else ref
             if kind == "dict":
                 keys = [k for k, _ in after[1]]
                 self.ops.append(("dict", ref, keys, [builder.plan(v) for _, v in after[1]]))
@@ -87,6 +93,18 @@ class Effects:
                 names = after[3] if after[3] != before[3] else _ABSENT
                 moved = _appended([name for name, _ in before[1]], [name for name, _ in after[1]])
                 self.ops.append(("td", ref, writes, deletes, batch_size, names, moved))
+                if where[0] == "slot" and where[1] in materialized.by_key:
+                    # a TensorDict the function created under a key the module does not read:
+                    # eagerly it would merge into one the caller had there
+                    self.requires += [(where[1], where[2] + (name,), None) for name, value in after[1]
+                                      if name not in old and isinstance(value, TensorDictBase)
+                                      and id(value) not in materialized.refs]
+            if where[0] == "slot":
+                # writes below a nested TensorDict mirrored from the caller's: it must be there
+                position, key = where[1], where[2]
+                self.requires += [(position, key[:i], materialized.mirrors[(position, key[:i])][0])
+                                  for i in range(1, len(key) + 1) if (position, key[:i]) in materialized.mirrors]
+        self.requires = list(dict.fromkeys(self.requires))
         self.any = bool(self.written or self.ops)
 
     def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list,

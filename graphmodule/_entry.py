@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 
 from ._effects import Effects
 from ._errors import Mismatch
@@ -51,7 +52,10 @@ class Entry:
         # inputs aliasing each other matter when the graph writes into inputs, or was
         # captured with aliasing (it copies each aliasing group once)
         self.check_alias = inputs.aliased or bool(effects.written)
-        self.extra_checks = self.check_alias or bool(self.stride_checked)
+        # nested TensorDicts that must (or must not) be in the caller's TensorDict for the
+        # effects to be the function's (Effects.requires)
+        self.requires = effects.requires
+        self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
         )
@@ -68,11 +72,12 @@ class Entry:
         return out
 
     # -- the replay path -----------------------------------------------------------------
-    def extra_ok(self, leaves: Any) -> bool:
-        """Aliasing and strides, where the replay depends on them (usually nothing to do)."""
+    def extra_ok(self, leaves: Any, objs: dict) -> bool:
+        """Aliasing, strides and unread structure, where the replay depends on them
+        (usually nothing to do)."""
         if not self.extra_checks:
             return True
-        return not self.extra_mismatches(leaves)
+        return not self.extra_mismatches(leaves, None, objs)
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
         self.inputs.copy_from(leaves)
@@ -94,9 +99,24 @@ class Entry:
         self.handle = None
 
     # -- cold ----------------------------------------------------------------------------
-    def extra_mismatches(self, leaves: Any, paths: list[str] | None = None) -> list[Mismatch]:
+    def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:
         found = []
         name = (lambda i: paths[i]) if paths is not None else (lambda i: f"input leaf {i}")
+        for position, key, batch_size in self.requires:
+            td = objs[position]
+            now = td.get(key, None) if isinstance(td, TensorDictBase) else None
+            is_td = isinstance(now, TensorDictBase) and not getattr(type(now), "_is_non_tensor", False)
+            where = f"the TensorDict's entry {key[0] if len(key) == 1 else key!r}"
+            if batch_size is None and is_td:
+                found.append(Mismatch(where, "unread", "no TensorDict (the function creates one there)",
+                                      f"a TensorDict with keys {list(now.keys())} (eagerly the function's "
+                                      "writes would merge into it)"))
+            elif batch_size is not None and not is_td:
+                found.append(Mismatch(where, "unread", f"a TensorDict of batch size {list(batch_size)} (the "
+                                      "function writes into it)", "none" if now is None else type(now).__name__))
+            elif batch_size is not None and now.batch_size != batch_size:
+                found.append(Mismatch(where, "unread", f"a TensorDict of batch size {list(batch_size)} (the "
+                                      "function writes into it)", f"batch size {list(now.batch_size)}"))
         for i, stride in zip(self.stride_checked, self.stride_facts):
             if leaves[i].stride() != stride:
                 found.append(Mismatch(name(i), "stride", str(stride), str(leaves[i].stride())))
@@ -168,11 +188,11 @@ class Entry:
         return refresh
 
 
-def rerun_body(module: Any, inputs: StaticInputs):
+def rerun_body(module: Any, inputs: StaticInputs, mirrors: dict | None = None):
     """A fresh run of ``module`` on the buffers, with fresh containers (simulated replays)."""
 
     def rerun(refs: list) -> tuple[Any, list]:
-        mat = Materialized(inputs)
+        mat = Materialized(inputs, mirrors=mirrors)
         targets = [resolve(ref, mat.tree, mat.slot_objs) for ref in refs]  # before the run moves any
         args, kwargs = mat.tree
         return module(*args, **kwargs), targets

@@ -47,7 +47,8 @@ class Mismatch:
     ``kind`` is one of ``"structure"``, ``"order"``, ``"missing"``, ``"extra"``,
     ``"type"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"layout"``,
     ``"requires_grad"``, ``"value"``, ``"batch_size"``, ``"alias"``, ``"stride"``,
-    ``"mode"``, ``"grad_mode"`` or ``"interaction_type"``.
+    ``"mode"``, ``"grad_mode"``, ``"interaction_type"`` or ``"unread"`` (a nested TensorDict
+    the module does not read but writes into, or would merge into).
     """
 
     path: str
@@ -64,6 +65,8 @@ class Mismatch:
             return f"{self.path}: not in the captured inputs (got {self.got})"
         if self.kind == "alias":
             return f"{self.path}: expected {self.expected} (as at capture), got {self.got}"
+        if self.kind == "unread":
+            return f"{self.path}: expected {self.expected}, got {self.got}"
         if self.kind == "order":
             return f"{self.path}: expected key order {self.expected}, got {self.got}"
         return f"{self.path}: expected {self.kind} {self.expected}, got {self.got}"
@@ -71,6 +74,10 @@ class Mismatch:
 
 # What to do, per kind of mismatch: printed once per kind, after the list.
 _ADVICE = {
+    "unread": "the module writes keys below this entry, which it does not read: whether the "
+    "TensorDict you pass holds a nested TensorDict there decides what eager code would do "
+    "(merge into it, or create it), so it must be as at capture. Pass TensorDicts of one "
+    "layout, or add a key under that entry to the module's in_keys.",
     "shape": "CUDA graphs replay fixed shapes: pad or slice the input to the captured shape, "
     "or use one CudaGraphModule per shape.",
     "batch_size": "CUDA graphs replay fixed shapes: pass a TensorDict of the captured batch size, "

@@ -18,7 +18,7 @@ from operator import is_
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase, is_tensorclass
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ._tree import Layout, build_td, slot_ranges, unflatten
 
@@ -251,12 +251,29 @@ class Materialized:
     the TensorDict at that slot). The objects are kept alive here, so ids stay valid.
     """
 
-    def __init__(self, inputs: StaticInputs):
+    def __init__(self, inputs: StaticInputs, callers: dict[int, Any] | None = None,
+                 mirrors: dict[tuple, tuple] | None = None):
         layout = inputs.layout
         self.slot_objs: dict[int, Any] = {}
+        # (position, key) -> (batch size, device) of the caller's nested TensorDicts that a
+        # TensorDict read by key (a TensorDictModule's input) holds but does not read:
+        # mirrored empty, so that a write below one lands in it (and merges into the
+        # caller's, as eagerly). Found from the ``callers`` at capture; ``mirrors`` repeats
+        # them (simulated replays).
+        self.mirrors: dict[tuple, tuple] = {}
+        self.by_key = {slot.position for slot in layout.slots if not slot.exact}
         for slot in layout.slots:
             values = [inputs.leaves[i] for i in inputs.ranges[slot.position]]
             td = build_td(slot.root, values)
+            if slot.position in self.by_key and not slot.is_tc:
+                if mirrors is not None:
+                    for (position, key), (batch_size, device) in mirrors.items():
+                        if position == slot.position:
+                            parent = td.get(key[:-1]) if len(key) > 1 else td
+                            parent._tensordict[key[-1]] = TensorDict(batch_size=batch_size, device=device)
+                    self.mirrors.update(mirrors)
+                elif callers is not None and slot.position in callers:
+                    self._mirror(td, callers[slot.position], slot.position, ())
             obj = slot.cls._from_tensordict(td, non_tensordict=dict(slot.tc_extra)) if slot.is_tc else td
             self.slot_objs[slot.position] = obj
         self.tree = unflatten(layout, inputs.leaves, self.slot_objs)
@@ -271,6 +288,22 @@ class Materialized:
             self._walk_td(td, slot.position, ())
         # the containers (not slots) handed to the function, with their paths
         self.containers = [(obj, ref[1]) for obj, ref in self._pairs() if ref[0] == "tree"]
+
+    def _mirror(self, td: TensorDictBase, caller: Any, position: int, prefix: tuple) -> None:
+        if not isinstance(caller, TensorDictBase):
+            return
+        for name, value in caller.items():
+            if not isinstance(value, TensorDictBase) or getattr(type(value), "_is_non_tensor", False):
+                continue
+            key = prefix + (name,)
+            if name not in td.keys():
+                if type(td) is not TensorDict:
+                    continue
+                td._tensordict[name] = TensorDict(batch_size=value.batch_size, device=value.device)
+                self.mirrors[(position, key)] = (value.batch_size, value.device)
+            mine = td._tensordict.get(name) if type(td) is TensorDict else None
+            if isinstance(mine, TensorDictBase):
+                self._mirror(mine, value, position, key)
 
     def _pairs(self):
         return [(obj, self.refs[id(obj)]) for obj in self.objects]

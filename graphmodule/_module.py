@@ -306,7 +306,7 @@ class CudaGraphModule(WrapperSurface):
                 split is not None
                 and self._mode.read() == entry.mode
                 and entry.watch.check()
-                and entry.extra_ok(split[0])
+                and entry.extra_ok(split[0], split[1])
                 and not capturing()
             ):
                 self._stats.replays += 1
@@ -334,7 +334,7 @@ class CudaGraphModule(WrapperSurface):
                 continue
             if not entry.watch.check():
                 return self._stale(entry, args, kwargs)
-            found = entry.extra_mismatches(split[0], entry.texts)
+            found = entry.extra_mismatches(split[0], entry.texts, split[1])
             if found:
                 self._stats.input_mismatches += 1
                 raise InputMismatchError(self._owner, found)
@@ -394,7 +394,7 @@ class CudaGraphModule(WrapperSurface):
             return self.module(*args, **kwargs)
         try:
             entry, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
-                              leaves=leaves, mode=mode, clone=self._clone, texts=texts)
+                              leaves=leaves, mode=mode, clone=self._clone, texts=texts, objs=objs)
         except CaptureError as err:
             if err.cause != USER_ERROR:
                 return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs)

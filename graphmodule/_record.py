@@ -73,6 +73,7 @@ def record(
     mode: tuple,
     clone: bool,
     texts: list[str],
+    objs: dict | None = None,
 ) -> tuple[Entry, Materialized]:
     """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
 
@@ -82,7 +83,7 @@ def record(
     spec = InputSpec(layout, leaves, mode)
     before = Watch(module)  # what exists before the capture: parameters, state...
     inputs = StaticInputs(layout, leaves)
-    materialized = Materialized(inputs)
+    materialized = Materialized(inputs, callers=objs)
     containers = ContainerSnapshot(materialized)
     python = PythonEffects(before.functions)
     versions, snapshot = inputs.versions(), inputs.snapshot()
@@ -125,6 +126,6 @@ def record(
         texts=texts,
     )
     if getattr(handle, "refresh", False) is None:  # a simulated graph
-        handle.refresh = entry.make_refresh(rerun_body(module, inputs), module)
+        handle.refresh = entry.make_refresh(rerun_body(module, inputs, materialized.mirrors), module)
     return entry, materialized
 

@@ -96,7 +96,7 @@ def phases(wrapper, args, kwargs, reps: int, cuda: bool) -> dict:
         "match": median_us(lambda: entry.spec.match(args, kwargs), reps, cuda),
         "mode": median_us(wrapper._mode.read, reps, cuda),
         "watch": median_us(entry.watch.check, reps, cuda),
-        "extra": median_us(lambda: entry.extra_ok(leaves), reps, cuda),
+        "extra": median_us(lambda: entry.extra_ok(leaves, objs), reps, cuda),
         "copy": median_us(lambda: entry.inputs.copy_from(leaves), reps, cuda),
         "replay": median_us(replay, reps, cuda),
         "finish": median_us(lambda: entry.finish(leaves, objs, (args, kwargs)) if not entry.single else None, reps, cuda),

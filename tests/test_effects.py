@@ -4,10 +4,11 @@ The differential harness (tests/test_differential.py) covers the classes broadly
 regressions it found, kept by name.
 """
 
+import pytest
 import torch
 from tensordict import TensorDict
 
-from graphmodule import CudaGraphModule
+from graphmodule import CudaGraphModule, InputMismatchError
 
 
 def _run(fn, make, backend, calls=4):
@@ -113,3 +114,57 @@ def test_batch_size_shrunk_then_a_nested_key_created(graph_backend):
         fn(x, theirs)
         assert td.batch_size == theirs.batch_size and td["b"].batch_size == theirs["b"].batch_size
         assert td["b", "leaf"] is x
+
+
+def test_module_writes_below_a_nested_tensordict_it_does_not_read(graph_backend):
+    # out_key ("next", "reward") into a TensorDict whose "next" holds other keys the module
+    # does not read: eagerly the write merges into the caller's "next" (same object, its
+    # keys kept); the replay must not replace it with a new "next" holding the reward only
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+
+    module = TensorDictModule(lambda obs: (obs * 2, obs.sum(-1, keepdim=True)), in_keys=["obs"],
+                              out_keys=["action", ("next", "reward")])
+    g = CudaGraphModule(module, warmup=1, backend=graph_backend)
+
+    def make(k):
+        return TensorDict(obs=torch.full((2, 3), float(k)),
+                          next=TensorDict(obs=torch.full((2, 3), k + 0.5), batch_size=[2]), batch_size=[2])
+
+    for k in range(4):
+        td, ref = make(k), make(k)
+        nxt = td["next"]
+        assert g(td) is td
+        module(ref)
+        assert list(td.keys(True, True)) == list(ref.keys(True, True))
+        assert td["next"] is nxt  # the caller's nested TensorDict, written into
+        for key in ref.keys(True, True):
+            torch.testing.assert_close(td[key], ref[key])
+    # the graph writes into "next": a TensorDict without one is refused before any replay
+    td = TensorDict(obs=torch.ones(2, 3), batch_size=[2])
+    with pytest.raises(InputMismatchError, match=r"entry 'next': expected a TensorDict of batch size \[2\]"):
+        g(td)
+    assert list(td.keys()) == ["obs"]
+
+
+def test_module_creates_a_nested_tensordict_where_a_caller_may_hold_one(graph_backend):
+    # captured on TensorDicts without "next": the module creates it. A later call whose
+    # TensorDict holds a "next" (unread) would merge eagerly: refused, nothing written
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+
+    module = TensorDictModule(lambda obs: obs * 2, in_keys=["obs"], out_keys=[("next", "obs")])
+    g = CudaGraphModule(module, warmup=1, backend=graph_backend)
+    for k in range(3):
+        td = TensorDict(obs=torch.full((2, 3), float(k)), batch_size=[2])
+        g(td)
+        torch.testing.assert_close(td["next", "obs"], td["obs"] * 2)
+    td = TensorDict(obs=torch.ones(2, 3), next=TensorDict(done=torch.zeros(2, 1), batch_size=[2]), batch_size=[2])
+    with pytest.raises(InputMismatchError) as info:
+        g(td)
+    assert "entry 'next': expected no TensorDict (the function creates one there), got a TensorDict " \
+           "with keys ['done']" in str(info.value)
+    assert "add a key under that entry to the module's in_keys" in str(info.value)
+    assert list(td.keys(True, True)) == ["obs", ("next", "done")]
+    td = TensorDict(obs=torch.ones(2, 3), batch_size=[2])  # still usable
+    torch.testing.assert_close(g(td)["next", "obs"], torch.full((2, 3), 2.0))
