@@ -14,8 +14,9 @@ caller's TensorDict afterwards) is compared:
 - an exception raised eagerly must be raised by graphmodule too (same type).
 
 On CPU tensordict's wrapper runs the function eagerly and graphmodule simulates its replays,
-so the comparison there is with eager only; ``test_against_tensordict_on_cuda`` runs both
-wrappers on real CUDA graphs (``GM_VS_TD_EXAMPLES`` sets how many sequences, default 60).
+so the comparison there is with eager only (``GM_VS_TD_CPU_EXAMPLES`` sequences, default 40);
+``test_against_tensordict_on_cuda`` runs both wrappers on real CUDA graphs
+(``GM_VS_TD_EXAMPLES`` sequences, default 60).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from tensordict.nn import TensorDictModule
 
 from graphmodule import CudaGraphModule, GraphModuleError
 
-EXAMPLES = int(os.environ.get("GM_VS_TD_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("GM_VS_TD_EXAMPLES", "60"))  # on CUDA
+CPU_EXAMPLES = int(os.environ.get("GM_VS_TD_CPU_EXAMPLES", "40"))
 KEYS = ["a", "b", ("nested", "c")]
 OUT_KEYS = ["out", ("nested", "out2"), "a"]  # "a" overwrites an input
 
@@ -198,7 +200,7 @@ def run_sequence(plan: Plan, device: str, backend: str) -> dict[str, int]:
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=CPU_EXAMPLES, **SETTINGS)
 @given(plan=plans())
 def test_against_tensordict_simulated(plan):
     run_sequence(plan, "cpu", "simulate")
