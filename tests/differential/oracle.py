@@ -131,6 +131,20 @@ def _dist_attrs(d: torch.distributions.Distribution) -> list[str]:
     return sorted(k for k in vars(d) if not k.startswith("_"))
 
 
+_DEFERRED: list | None = None  # value comparisons waiting for one batched check
+
+
+def _check_deferred(pending: list) -> None:
+    """The value comparisons ``compare`` put off: one host sync for all of them."""
+    if not pending:
+        return
+    flags = [(_bits(e) != _bits(w)).any() for e, w, _ in pending]
+    device = flags[0].device
+    for (e, w, add), differs in zip(pending, torch.stack([f.to(device) for f in flags]).tolist()):
+        if differs:
+            add("value", show(e), show(w))
+
+
 def compare(e: Any, w: Any, path: str, region: str, call: str, diffs: list[Diff]) -> None:
     """Append to ``diffs`` every difference between ``e`` (eager) and ``w`` (wrapper)."""
 
@@ -149,6 +163,8 @@ def compare(e: Any, w: Any, path: str, region: str, call: str, diffs: list[Diff]
             add("device", str(e.device), str(w.device))
         elif e.requires_grad != w.requires_grad:
             add("requires_grad", str(e.requires_grad), str(w.requires_grad))
+        elif _DEFERRED is not None:  # inside compare_worlds: all values checked at once
+            _DEFERRED.append((e, w, add))
         elif not same_bits(e, w):
             add("value", show(e), show(w))
         return
@@ -311,14 +327,20 @@ def compare_worlds(
     region_in: str = "input",
 ) -> list[Diff]:
     """Everything observable about one call, eager (``e_``) against wrapper (``w_``)."""
+    global _DEFERRED
     diffs: list[Diff] = []
-    if with_output:
-        compare(e_out, w_out, "out", "output", call, diffs)
-    (ea, ek), (wa, wk) = e_call, w_call
-    for i, (a, b) in enumerate(zip(ea, wa)):
-        compare(a, b, f"args[{i}]", region_in, call, diffs)
-    for key in ek:
-        compare(ek[key], wk.get(key), f"kwargs[{key!r}]", region_in, call, diffs)
+    _DEFERRED = pending = []
+    try:
+        if with_output:
+            compare(e_out, w_out, "out", "output", call, diffs)
+        (ea, ek), (wa, wk) = e_call, w_call
+        for i, (a, b) in enumerate(zip(ea, wa)):
+            compare(a, b, f"args[{i}]", region_in, call, diffs)
+        for key in ek:
+            compare(ek[key], wk.get(key), f"kwargs[{key!r}]", region_in, call, diffs)
+    finally:
+        _DEFERRED = None
+    _check_deferred(pending)
     e_objs = walk_call(ea, ek, e_out, with_output)
     w_objs = walk_call(wa, wk, w_out, with_output)
     e_ids, w_ids = identity_map(e_objs), identity_map(w_objs)
