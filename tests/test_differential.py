@@ -740,3 +740,32 @@ def test_randomness_by_distribution(body, backend):
     device = "cuda" if backend == "cuda" else "cpu"
     torch.manual_seed(0)
     check_random_case(RandomCase(body, 4096, "float32", 2.0, 2, 3), backend, device)
+
+
+# -- the referee itself ----------------------------------------------------------------------
+@pytest.mark.parametrize("bug", ["value", "aliasing"])
+def test_the_harness_sees_a_planted_difference(monkeypatch, bug):
+    """The batched value and aliasing checks still report a wrapper that answers wrongly."""
+    import tests.differential.oracle as oracle
+    from graphmodule import CudaGraphModule as Real
+
+    class Buggy(Real):
+        def __call__(self, *args, **kwargs):
+            out = super().__call__(*args, **kwargs)
+            if self.state != "captured":
+                return out
+            return out + 1 if bug == "value" else out.clone()  # a copy where eager returns the input
+
+    monkeypatch.setattr(oracle, "CudaGraphModule", Buggy)
+    body = "return x * 2" if bug == "value" else "return x"
+    case = Case(inputs_src=dedent("""
+        def make_inputs(k):
+            return (val((3,), k),), {}
+        """), fn_src=dedent(f"""
+        def fn(x):
+            {body}
+        """), warmup=1, replays=2, changed_src=None, changed_what="", reuse=False)
+    outcome = oracle.run_case(case, "simulate", "cpu")
+    kinds = {d.kind for d in outcome.diffs}
+    assert ("output:value" if bug == "value" else "output:identity") in kinds or \
+           any(k.endswith("aliasing") for k in kinds), outcome.report() if outcome.diffs else "no difference found"
