@@ -2,6 +2,7 @@
 
     python benchmarks/programs.py --out results/programs            # on a GPU
     python benchmarks/programs.py --smoke --out /tmp/programs       # tiny sizes, anywhere
+    python benchmarks/programs.py --paired 10 --programs td3,sac --out results/paired   # A/B in one process
 
 The programs are those of ``tests/programs`` (PPO with a closure update or a
 TensorDictModule update, SAC, TD3, a no-argument train step, the same compiled), each run
@@ -208,10 +209,13 @@ def child(program: str, jobs: list[tuple[str, str]], smoke: bool, path: str) -> 
 
 
 # -- in the parent process: the children, one at a time --------------------------------
-def schedule(rounds: int, smoke: bool) -> list[list[tuple[str, str]]]:
+def schedule(rounds: int, smoke: bool, paired: int = 0) -> list[list[tuple[str, str]]]:
     """The children of one program, in order: the runs (wrapper, kind) each one makes."""
     if smoke:
         return [[(w, "profile") for w in WRAPPERS]]
+    if paired:  # one child: tensordict and graphmodule in turn, then one instrumented run each
+        runs = [(w, "timed") for _ in range(paired) for w in ("tensordict", "graphmodule")]
+        return [runs + [("tensordict", "profile"), ("graphmodule", "profile")]]
     passes = max(rounds, 1)
     children = []
     for r in range(passes):
@@ -270,7 +274,7 @@ def run_all(programs, rounds: int, args) -> tuple[dict, dict | None, int]:
     results = {p: {w: {"runs": [], "profile": None, "error": None} for w in WRAPPERS} for p in programs}
     environment, children = None, 0
     for program in programs:
-        for jobs in schedule(rounds, args.smoke):
+        for jobs in schedule(rounds, args.smoke, args.paired):
             jobs = [(w, k) for w, k in jobs if not results[program][w]["error"]]
             if not jobs:
                 continue
@@ -289,6 +293,18 @@ def run_all(programs, rounds: int, args) -> tuple[dict, dict | None, int]:
     return results, environment, children
 
 
+def paired_table(results: dict) -> str:
+    """graphmodule's steps/s over tensordict's, pair by pair (runs made in turn in one process)."""
+    lines = ["| program | pairs | gm/td per pair | median gm/td |", "|---|---|---|---|"]
+    for program, by_wrapper in results.items():
+        td = [t["steps_per_s"] for t in by_wrapper["tensordict"]["runs"]]
+        gm = [t["steps_per_s"] for t in by_wrapper["graphmodule"]["runs"]]
+        ratios = [g / t for g, t in zip(gm, td)]
+        shown = ", ".join(f"{r:.2f}" for r in ratios)
+        lines.append(f"| {program} | {len(ratios)} | {shown} | {fmt(statistics.median(ratios), 2) if ratios else '—'}x |")
+    return "\n".join(lines)
+
+
 def fmt(value: float, digits: int = 1) -> str:
     return "—" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
 
@@ -302,6 +318,8 @@ def table(results: dict) -> str:
     for program, by_wrapper in results.items():
         eager = by_wrapper["eager"]["median_steps_per_s"]
         for wrapper, entry in by_wrapper.items():
+            if not (entry["error"] or entry["runs"] or entry["profile"]):
+                continue  # not run (--paired has no eager runs)
             if entry["error"] and not (entry["runs"] or entry["profile"]):
                 lines.append(f"| {program} | {wrapper} | failed: {entry['error'].replace('|', '/')} | | | | | |")
                 continue
@@ -326,6 +344,9 @@ def main(argv=None) -> int:
                         help="timed runs per wrapper and program, besides the instrumented one (0: that one only)")
     parser.add_argument("--programs", default=",".join(RUNNERS), help="comma-separated subset")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, the instrumented run only (CI)")
+    parser.add_argument("--paired", type=int, default=0, metavar="N",
+                        help="instead of rounds: per program one child running tensordict and graphmodule "
+                             "in turn N times (no eager run); the table adds each pair's ratio")
     parser.add_argument("--strict", action="store_true", help="exit 1 if any run failed")
     parser.add_argument("--timeout", type=float, default=240, help="seconds a child process may take (default 240)")
     parser.add_argument("--one", metavar="PROGRAM", help="(a child process) make runs of PROGRAM here")
@@ -344,6 +365,8 @@ def main(argv=None) -> int:
         parser.error(f"unknown programs {sorted(unknown)}; choose from {list(RUNNERS)}")
     rounds = 0 if args.smoke else args.rounds
     isolation = ("one child process per program (--smoke)" if args.smoke else
+                 f"one child process per program, tensordict and graphmodule in turn {args.paired} times"
+                 if args.paired else
                  "one child process per program, wrapper and round (the instrumented run with the last round)")
     print(f"{len(programs)} programs x {len(WRAPPERS)} wrappers x {rounds} rounds (+1 instrumented), "
           f"{isolation}", flush=True)
@@ -351,6 +374,8 @@ def main(argv=None) -> int:
     results, env, children = run_all(programs, rounds, args)
     wall = time.perf_counter() - t0
     md = table(results)
+    if args.paired:
+        md += "\n\n" + paired_table(results)
     print("\n" + md)
     os.makedirs(args.out, exist_ok=True)
     record = {"environment": env or {"python": platform.python_version()}, "smoke": args.smoke, "rounds": rounds,
