@@ -105,6 +105,10 @@ class Effects:
                 self.requires += [(position, key[:i], materialized.mirrors[(position, key[:i])][0])
                                   for i in range(1, len(key) + 1) if (position, key[:i]) in materialized.mirrors]
         self.requires = list(dict.fromkeys(self.requires))
+        # a function that writes or creates nested TensorDicts in a TensorDict read by key can
+        # also carry the caller's unread ones along (TensorDictSequential copies nested
+        # TensorDicts into tensordict_out whole): then their layout must stay as at capture
+        self.layouts = dict(materialized.nested) if self.requires else {}
         self.any = bool(self.written or self.ops)
 
     def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list,

@@ -15,7 +15,7 @@ from tensordict import TensorDictBase
 
 from ._effects import Effects
 from ._errors import Mismatch
-from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, resolve, span_bytes
+from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, nested_paths, resolve, span_bytes
 from ._outputs import GRAPH, REF, Plan, build, collect, dense
 from ._spec import InputSpec
 from ._stale import Watch
@@ -54,7 +54,7 @@ class Entry:
         self.check_alias = inputs.aliased or bool(effects.written)
         # nested TensorDicts that must (or must not) be in the caller's TensorDict for the
         # effects to be the function's (Effects.requires)
-        self.requires = effects.requires
+        self.requires, self.layouts = effects.requires, effects.layouts
         self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
@@ -102,6 +102,12 @@ class Entry:
     def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:
         found = []
         name = (lambda i: paths[i]) if paths is not None else (lambda i: f"input leaf {i}")
+        for position, paths in self.layouts.items():
+            now = nested_paths(objs[position])
+            if now != paths:
+                found.append(Mismatch(f"the nested TensorDicts of TensorDict argument {position}", "unread",
+                                      f"{list(paths)} (as at capture: the function writes nested TensorDicts)",
+                                      str(list(now))))
         for position, key, batch_size in self.requires:
             td = objs[position]
             now = td.get(key, None) if isinstance(td, TensorDictBase) else None

@@ -262,6 +262,10 @@ class Materialized:
         # them (simulated replays).
         self.mirrors: dict[tuple, tuple] = {}
         self.by_key = {slot.position for slot in layout.slots if not slot.exact}
+        self.slot_paths = {slot.position: tuple(slot.path) for slot in layout.slots}
+        # the nested TensorDicts of the caller's by-key TensorDicts at capture, read or not
+        self.nested = {position: nested_paths(callers[position]) for position in self.by_key
+                       if callers is not None and position in callers}
         for slot in layout.slots:
             values = [inputs.leaves[i] for i in inputs.ranges[slot.position]]
             td = build_td(slot.root, values)
@@ -327,6 +331,21 @@ class Materialized:
                 key = prefix + (name,)
                 self._register(value, ("slot", position, key))
                 self._walk_td(value, position, key)
+
+
+def nested_paths(td: Any) -> tuple:
+    """The key paths of the nested TensorDicts in ``td``, depth first (its layout, no leaves)."""
+    if not isinstance(td, TensorDictBase):
+        return ()
+    out = []
+    stack = [((), td)]
+    while stack:
+        prefix, node = stack.pop()
+        for name, value in node.items():
+            if isinstance(value, TensorDictBase) and not getattr(type(value), "_is_non_tensor", False):
+                out.append(prefix + (name,))
+                stack.append((prefix + (name,), value))
+    return tuple(out)
 
 
 def resolve(ref: tuple, tree: Any, slot_objs: dict[int, Any]) -> Any:

@@ -53,6 +53,13 @@ __all__ = ["CudaGraphModule"]
 log = logging.getLogger("graphmodule")
 
 
+def _leaf_keys(out: Any) -> list | None:
+    """The leaf keys of a returned TensorDict, in order (None for anything else)."""
+    if isinstance(out, TensorDictBase) and not getattr(type(out), "_is_non_tensor", False):
+        return list(out.keys(include_nested=True, leaves_only=True))
+    return None
+
+
 _NOTHING = object()
 
 
@@ -184,6 +191,7 @@ class CudaGraphModule(WrapperSurface):
         self._pending: dict[Any, int] = {}  # warmup calls of signatures not captured yet
         self._mode = None  # the ModeReader, from the first capture
         self._returned_input: bool | None = None
+        self._warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
 
     # -- public surface ----------------------------------------------------------------
     @property
@@ -356,6 +364,7 @@ class CudaGraphModule(WrapperSurface):
         self._stats.warmup_calls += 1
         if self._returned_input is None and self._is_tensordict_module and args:
             self._returned_input = out is args[0]
+        self._warm_keys = _leaf_keys(out)
         return out
 
     def _new_signature(self, args: tuple, kwargs: dict) -> Any:
@@ -394,7 +403,8 @@ class CudaGraphModule(WrapperSurface):
             return self.module(*args, **kwargs)
         try:
             entry, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
-                              leaves=leaves, mode=mode, clone=self._clone, texts=texts, objs=objs)
+                              leaves=leaves, mode=mode, clone=self._clone, texts=texts, objs=objs,
+                              eager_keys=self._warm_keys if not self._entries else None)
         except CaptureError as err:
             if err.cause != USER_ERROR:
                 return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from tensordict import TensorDictBase
 
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
@@ -59,6 +60,39 @@ def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.devi
     return layout, leaves, objs, texts
 
 
+def _same_returned_keys(owner: str, out: Any, eager_keys: list | None, materialized: Materialized,
+                        callers: dict) -> None:
+    """A TensorDict returned by the capturing call holds the keys the last warmup (eager)
+    call's did. A module given a TensorDict read by key sees only its in_keys at capture;
+    one that copies other entries into its result (TensorDictSequential with
+    ``tensordict_out`` copies nested TensorDicts whole) would return fewer keys than eagerly."""
+    if eager_keys is None or not isinstance(out, TensorDictBase) or not materialized.by_key:
+        return
+    if getattr(type(out), "_is_non_tensor", False):
+        return
+    expected = eager_keys
+    ref = materialized.refs.get(id(out))
+    if ref is not None:
+        position = ref[1] if ref[0] == "slot_obj" or (ref[0] == "slot" and not ref[2]) else None
+        if position not in materialized.by_key or materialized.slot_paths[position] == (0, 0):
+            return  # an input read whole, or the module's input TensorDict: its keys are the caller's
+        # tensordict_out: what the caller's held before the call is not in the stand-in
+        held = set(callers[position].keys(include_nested=True, leaves_only=True))
+        expected = [k for k in eager_keys if k not in held]
+    keys = list(out.keys(include_nested=True, leaves_only=True))
+    if keys != expected:
+        missing = [k for k in eager_keys if k not in keys]
+        raise UnsupportedError(
+            owner,
+            f"run eagerly, the call returned a TensorDict with keys {eager_keys}; from the graph's inputs "
+            f"(the module's in_keys) it returns {keys}"
+            + (f": {missing} come from entries the module reads or copies without naming them in "
+               "its in_keys" if missing else "") + ".",
+            "name every key the module reads or copies in its in_keys (TensorDictSequential given "
+            "tensordict_out copies nested TensorDicts whole), or call it without tensordict_out.",
+        )
+
+
 def mode_reader(watch: Watch) -> ModeReader:
     return ModeReader([m for m, _ in watch.modules], [label for _, label in watch.modules])
 
@@ -74,6 +108,7 @@ def record(
     clone: bool,
     texts: list[str],
     objs: dict | None = None,
+    eager_keys: list | None = None,
 ) -> tuple[Entry, Materialized]:
     """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
 
@@ -91,6 +126,7 @@ def record(
 
     handle, out = runner.capture(lambda: module(*args, **kwargs), owner)
     try:
+        _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
         changed = python.changes()
         if changed:
             raise UnsupportedError(

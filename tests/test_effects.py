@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from graphmodule import CudaGraphModule, InputMismatchError
+from graphmodule import CudaGraphModule, InputMismatchError, UnsupportedError
 
 
 def _run(fn, make, backend, calls=4):
@@ -168,3 +168,45 @@ def test_module_creates_a_nested_tensordict_where_a_caller_may_hold_one(graph_ba
     assert list(td.keys(True, True)) == ["obs", ("next", "done")]
     td = TensorDict(obs=torch.ones(2, 3), batch_size=[2])  # still usable
     torch.testing.assert_close(g(td)["next", "obs"], torch.full((2, 3), 2.0))
+
+
+def _sequential():
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+
+    first = TensorDictModule(lambda a: a * 0.5, in_keys=["a"], out_keys=["hidden"])
+    second = TensorDictModule(lambda h: (h * 2, h * 3), in_keys=["hidden"], out_keys=["out", ("nested", "out2")])
+    return TensorDictSequential(first, second)
+
+
+def test_result_that_carries_unread_entries_is_refused_at_capture(graph_backend):
+    # TensorDictSequential given tensordict_out copies the nested TensorDict it wrote into
+    # whole, unread "c" included: the graph, reading only "a", cannot return "c"
+    from tensordict import TensorDict
+
+    g = CudaGraphModule(_sequential(), warmup=1, backend=graph_backend)
+
+    def make():
+        return TensorDict(a=torch.ones(2, 1), nested=TensorDict(c=torch.zeros(2, 1), batch_size=[2]), batch_size=[2])
+
+    g(make(), tensordict_out=TensorDict(batch_size=[2]))  # warmup: eager
+    td, out = make(), TensorDict(batch_size=[2])
+    with pytest.raises(UnsupportedError, match=r"\[\('nested', 'c'\)\] come from entries the module reads or copies"):
+        g(td, tensordict_out=out)
+    assert list(out.keys()) == [] and list(td.keys(True, True)) == ["a", ("nested", "c")]
+
+
+def test_unread_layout_that_a_result_would_carry_is_a_mismatch(graph_backend):
+    # captured on TensorDicts without "nested": a later one holding it (unread) would have
+    # it copied into the result eagerly
+    from tensordict import TensorDict
+
+    module = _sequential()
+    g = CudaGraphModule(_sequential(), warmup=1, backend=graph_backend)
+    for k in range(3):
+        td = TensorDict(a=torch.full((2, 1), float(k)), batch_size=[2])
+        got = g(td, tensordict_out=TensorDict(batch_size=[2]))
+        want = module(td.clone(), tensordict_out=TensorDict(batch_size=[2]))
+        assert list(got.keys(True, True)) == list(want.keys(True, True))
+    td = TensorDict(a=torch.ones(2, 1), nested=TensorDict(c=torch.zeros(2, 1), batch_size=[2]), batch_size=[2])
+    with pytest.raises(InputMismatchError, match=r"nested TensorDicts of TensorDict argument 0: expected \[\]"):
+        g(td, tensordict_out=TensorDict(batch_size=[2]))
