@@ -229,7 +229,9 @@ def run_sequence(plan: Plan, device: str, backend: str) -> dict[str, int]:
     return tally
 
 
-SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+# GM_VS_TD_EXPLORE=1: fresh random sequences instead of the fixed, derandomized ones
+SETTINGS = dict(deadline=None, derandomize=os.environ.get("GM_VS_TD_EXPLORE") != "1",
+                suppress_health_check=list(HealthCheck), database=None)
 
 
 @settings(max_examples=CPU_EXAMPLES, **SETTINGS)
