@@ -108,7 +108,9 @@ class Effects:
         # a function that writes or creates nested TensorDicts in a TensorDict read by key can
         # also carry the caller's unread ones along (TensorDictSequential copies nested
         # TensorDicts into tensordict_out whole): then their layout must stay as at capture
-        self.layouts = dict(materialized.nested) if self.requires else {}
+        heads = frozenset(key[0] for _, key, _ in self.requires)  # the top-level entries concerned
+        self.layouts = {position: (heads, tuple(p for p in paths if p[0] in heads))
+                        for position, paths in materialized.nested.items()} if heads else {}
         self.any = bool(self.written or self.ops)
 
     def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list,

@@ -102,8 +102,8 @@ class Entry:
     def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:
         found = []
         name = (lambda i: paths[i]) if paths is not None else (lambda i: f"input leaf {i}")
-        for position, paths in self.layouts.items():
-            now = nested_paths(objs[position])
+        for position, (heads, paths) in self.layouts.items():
+            now = tuple(p for p in nested_paths(objs[position]) if p[0] in heads)
             if now != paths:
                 found.append(Mismatch(f"the nested TensorDicts of TensorDict argument {position}", "unread",
                                       f"{list(paths)} (as at capture: the function writes nested TensorDicts)",

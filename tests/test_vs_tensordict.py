@@ -45,6 +45,10 @@ EXAMPLES = int(os.environ.get("GM_VS_TD_EXAMPLES", "60"))  # on CUDA
 CPU_EXAMPLES = int(os.environ.get("GM_VS_TD_CPU_EXAMPLES", "40"))
 KEYS = ["a", "b", ("nested", "c")]
 OUT_KEYS = ["out", ("nested", "out2"), "a"]  # "a" overwrites an input
+# the multi-agent layout: a nested TensorDict with more batch dimensions than its parent
+AGENT_KEYS = [("agents", "obs"), ("agents", "state")]
+AGENT_OUT_KEYS = [("agents", "action"), ("agents", "obs"), "joint"]
+AGENTS = 2
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Plan:
     layouts: list = None
     prefilled_out: bool = False
     sequential: bool = False  # two TensorDictModules chained (TensorDictSequential)
+    agents: bool = False  # read and write the multi-agent entries (batch [B, AGENTS])
 
     def module(self) -> Callable[..., Any]:
         n_in = len(self.in_keys)
@@ -111,6 +116,11 @@ class Plan:
             td.set(key, torch.randn(self.batch, self.features, generator=gen).to(device))
         if with_extra:
             td.set("extra", torch.randn(self.batch, 2, generator=gen).to(device))
+        if self.agents:
+            agents = TensorDict(batch_size=[self.batch, AGENTS], device=device)
+            for _, name in AGENT_KEYS:
+                agents.set(name, torch.randn(self.batch, AGENTS, self.features, generator=gen).to(device))
+            td.set("agents", agents)
         return td
 
     def call(self, g: Any, td: TensorDict) -> Any:
@@ -127,9 +137,11 @@ class Plan:
 @st.composite
 def plans(draw) -> Plan:
     convention = draw(st.sampled_from(["td", "td_out", "kwargs", "plain_td", "plain_tensor", "plain_none"]))
-    keys = KEYS if convention != "kwargs" else ["a", "b"]  # keyword names are plain strings
+    agents = convention in ("td", "td_out") and draw(st.booleans())
+    keys = AGENT_KEYS if agents else KEYS if convention != "kwargs" else ["a", "b"]  # kwargs: plain names
     in_keys = draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys), unique=True))
-    out_keys = draw(st.lists(st.sampled_from(OUT_KEYS), min_size=1, max_size=2, unique=True))
+    out_keys = draw(st.lists(st.sampled_from(AGENT_OUT_KEYS if agents else OUT_KEYS), min_size=1, max_size=2,
+                             unique=True))
     warmup = draw(st.integers(1, 3))
     return Plan(
         convention=convention,
@@ -144,6 +156,7 @@ def plans(draw) -> Plan:
         layouts=[(draw(st.booleans()), draw(st.booleans())) for _ in range(calls)] if draw(st.booleans()) else None,
         prefilled_out=draw(st.booleans()),
         sequential=draw(st.booleans()),
+        agents=agents,
     )
 
 
@@ -193,7 +206,7 @@ def run_sequence(plan: Plan, device: str, backend: str) -> dict[str, int]:
         fresh = plan.inputs(k, device)
         for name in worlds:
             if plan.reuse_td and k:
-                tds[name].update(fresh.select(*KEYS, strict=False))  # new values under the same object
+                tds[name].update(fresh.select(*KEYS, *AGENT_KEYS, strict=False))  # new values, same object
             else:
                 tds[name] = fresh.clone()
         with warnings.catch_warnings():
