@@ -34,6 +34,23 @@ def angle_normalize(x: torch.Tensor) -> torch.Tensor:
     return ((x + math.pi) % (2 * math.pi)) - math.pi
 
 
+def _write_next(env, td: TensorDict, reward: torch.Tensor, terminated: torch.Tensor,
+                truncated: torch.Tensor) -> TensorDict:
+    """Write one step's ``"next"`` entries into ``td`` and return it: ``env``'s observation
+    and return so far, and ``reward``, ``terminated``, ``truncated`` ([N] each) as [N, 1]."""
+    td["next"] = TensorDict(
+        observation=env.observation(),
+        reward=reward.unsqueeze(-1),
+        done=(terminated | truncated).unsqueeze(-1),
+        terminated=terminated.unsqueeze(-1),
+        truncated=truncated.unsqueeze(-1),
+        episode_reward=env.episode_reward.unsqueeze(-1),
+        batch_size=[env.num_envs],
+        device=env.device,
+    )
+    return td
+
+
 class Pendulum:
     """``num_envs`` Pendulum-v1 environments stepped together.
 
@@ -92,17 +109,7 @@ class Pendulum:
         self.episode_reward = self.episode_reward + reward
         truncated = self.step_count >= self.max_steps
         terminated = torch.zeros_like(truncated)
-        td["next"] = TensorDict(
-            observation=self.observation(),
-            reward=reward.unsqueeze(-1),
-            done=(terminated | truncated).unsqueeze(-1),
-            terminated=terminated.unsqueeze(-1),
-            truncated=truncated.unsqueeze(-1),
-            episode_reward=self.episode_reward.unsqueeze(-1),
-            batch_size=[self.num_envs],
-            device=self.device,
-        )
-        return td
+        return _write_next(self, td, reward, terminated, truncated)
 
     def step_and_maybe_reset(self, td: TensorDict) -> tuple[TensorDict, TensorDict]:
         """``step``, then reset the finished environments; returns ``(td, next_td)``.
@@ -208,17 +215,7 @@ class CartPole:
         truncated = self.step_count >= self.max_steps
         reward = torch.ones(self.num_envs, device=self.device)
         self.episode_reward = self.episode_reward + reward
-        td["next"] = TensorDict(
-            observation=self.observation(),
-            reward=reward.unsqueeze(-1),
-            done=(terminated | truncated).unsqueeze(-1),
-            terminated=terminated.unsqueeze(-1),
-            truncated=truncated.unsqueeze(-1),
-            episode_reward=self.episode_reward.unsqueeze(-1),
-            batch_size=[self.num_envs],
-            device=self.device,
-        )
-        return td
+        return _write_next(self, td, reward, terminated, truncated)
 
     def step_and_maybe_reset(self, td: TensorDict) -> tuple[TensorDict, TensorDict]:
         """``step``, then reset the finished environments; returns ``(td, next_td)``, as

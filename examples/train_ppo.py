@@ -44,16 +44,11 @@ are still to be measured.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import glob
 import math
 import os
 import sys
-import time
-import warnings
 
-if __package__ in (None, ""):  # run as a file: make ``examples.envs`` importable
+if __package__ in (None, ""):  # run as a file: make ``examples`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
@@ -61,14 +56,21 @@ from tensordict import TensorDict, from_module
 from torch import nn
 
 from examples.envs import Pendulum
-from graphmodule import CudaGraphModule
+from examples.training import Report, parse_flags, run_training, wrap
 
-MODES = ("eager", "graph", "compile", "compile+graph")
 SCRIPT, ALGO = "train_ppo", "PPO"
 
 # --envs, --steps and the rest; --smoke swaps in tiny sizes (explicit flags still win)
 DEFAULTS = dict(envs=32, steps=307_200, rollout=64, minibatch=256, epochs=10, hidden=64, log_every=1)
 SMOKE = dict(envs=4, steps=4 * 32 * 20, rollout=32, minibatch=32, epochs=2, hidden=16, log_every=2)
+# this script's own flags (integers; --help lists them between --steps and --seed)
+FLAGS = {
+    "--rollout": f"steps per env per iteration (default {DEFAULTS['rollout']})",
+    "--minibatch": f"default {DEFAULTS['minibatch']}",
+    "--epochs": f"default {DEFAULTS['epochs']}",
+    "--hidden": f"hidden units (default {DEFAULTS['hidden']})",
+    "--log-every": "iterations between progress reports (each reads the device)",
+}
 GAMMA, LMBDA = 0.9, 0.95  # rl-zoo's Pendulum settings: gamma 0.9, lr 1e-3
 LR, CLIP, VF_COEF, MAX_GRAD_NORM = 1e-3, 0.2, 0.5, 0.5
 REWARD_SCALE = 0.1  # the losses see reward * 0.1 (Pendulum's rewards reach -16 per step)
@@ -117,104 +119,6 @@ class Agent(nn.Module):
         value_loss = 0.5 * (self.critic(obs).squeeze(-1) - returns).pow(2).mean()
         approx_kl = ((ratio - 1) - logratio).mean().detach()
         return policy_loss, value_loss, approx_kl
-
-
-def wrap(fn, mode: str, **graph_options):
-    """The one place where the modes differ."""
-    if mode in ("compile", "compile+graph"):
-        fn = torch.compile(fn)
-    if mode in ("graph", "compile+graph"):
-        fn = CudaGraphModule(fn, **graph_options)
-    return fn
-
-
-# -- evaluation and reporting ---------------------------------------------------------------------
-
-def mean_episode_return(policy, device, seed: int, num_envs: int = 64) -> float:
-    """The mean return of one episode of ``num_envs`` fresh Pendulums under ``policy(obs)``."""
-    env = Pendulum(num_envs, device, seed=seed)
-    td = env.reset()
-    with torch.no_grad():
-        for _ in range(env.max_steps):
-            td["action"] = policy(td["observation"])
-            td = env.step(td)
-            td["observation"] = td["next", "observation"]
-    return td["next", "episode_reward"].mean().item()
-
-
-def random_policy_return(device, seed: int) -> float:
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return mean_episode_return(
-        lambda obs: (2 * torch.rand(obs.shape[0], Pendulum.act_dim, device=device, generator=gen) - 1)
-        * Pendulum.max_torque, device, seed)
-
-
-class Progress:
-    """tqdm if it is installed, else a printed line every few seconds; rows for the CSV."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        self.rows, self.start, self.last_print, self.steps = [], time.perf_counter(), 0.0, 0
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            self.bar = None
-            print(f"{desc}: {total} env steps (install tqdm for a progress bar)", flush=True)
-        else:
-            self.bar = tqdm(total=total, desc=desc, unit="step", unit_scale=True, dynamic_ncols=True)
-
-    def update(self, env_steps: int, mean_return: float, new_episodes: bool) -> None:
-        """A row for the CSV when episodes ended since the last call (``mean_return`` is
-        theirs); the bar or the printed line in any case."""
-        elapsed = time.perf_counter() - self.start
-        if new_episodes:
-            self.rows.append((elapsed, env_steps, mean_return))
-        if self.bar is not None:
-            self.bar.update(env_steps - self.steps)
-            self.bar.set_postfix_str(f"return {mean_return:.1f}" if math.isfinite(mean_return) else "no episode yet")
-        elif elapsed - self.last_print >= 5.0:
-            self.last_print = elapsed
-            shown = f"{mean_return:8.1f}" if math.isfinite(mean_return) else "(no episode yet)"
-            print(f"{env_steps:>9} env steps  {env_steps / elapsed:8.0f} steps/s  mean return {shown}", flush=True)
-        self.steps = env_steps
-
-    def close(self) -> float:
-        if self.bar is not None:
-            self.bar.close()
-        return time.perf_counter() - self.start
-
-
-def write_outputs(out_dir: str, mode: str, rows, random_return: float, device: torch.device) -> None:
-    """``out_dir/<script>_<mode>.csv``, then ``out_dir/<script>.png`` over every such CSV."""
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{SCRIPT}_{mode}.csv")
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["wall_seconds", "env_steps", "mean_return"])
-        writer.writerows((f"{s:.3f}", n, f"{r:.3f}") for s, n, r in rows)
-    print(f"wrote {path}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for csv_path in sorted(glob.glob(os.path.join(out_dir, f"{SCRIPT}_*.csv"))):
-        with open(csv_path, newline="") as f:
-            data = [(float(r["wall_seconds"]), float(r["mean_return"])) for r in csv.DictReader(f)]
-        if data:
-            label = os.path.basename(csv_path)[len(SCRIPT) + 1:-len(".csv")]
-            ax.plot(*zip(*data), label=label)
-    ax.axhline(random_return, color="gray", linestyle="--", label="random policy")
-    ax.set(xlabel="wall-clock seconds", ylabel="mean episode return",
-           title=f"{SCRIPT}: {ALGO} on Pendulum ({device.type})")
-    ax.legend()
-    fig.tight_layout()
-    png = os.path.join(out_dir, f"{SCRIPT}.png")
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    print(f"wrote {png}")
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -268,13 +172,9 @@ def train(args) -> None:
     gae = wrap(gae, args.mode, **backend)
     update = wrap(update, args.mode, warmup=5, **backend)
 
-    random_return = random_policy_return(device, args.seed + 1)
-    progress = Progress(iterations * frames, f"PPO {args.mode}")
+    report = Report(args, iterations, frames, SCRIPT, ALGO)
     td = env.reset()
-    mean_return, env_steps = math.nan, 0
-    ended_sum = torch.zeros((), device=device)
-    ended_count = torch.zeros((), device=device)
-    for iteration in range(iterations):
+    for iteration in report:  # counts the env steps; reports progress every --log-every iterations
         lr.fill_(LR * (1 - iteration / iterations))
         transitions = []
         with torch.no_grad():
@@ -287,9 +187,7 @@ def train(args) -> None:
                     next_obs=td["next", "observation"], reward=td["next", "reward"].squeeze(-1),
                     done=td["next", "done"].squeeze(-1), terminated=td["next", "terminated"].squeeze(-1),
                     batch_size=[args.envs]))
-                done = td["next", "done"].squeeze(-1).float()
-                ended_sum += (td["next", "episode_reward"].squeeze(-1) * done).sum()
-                ended_count += done.sum()
+                report.add_episodes(td)
                 td = next_td
             container = gae(torch.stack(transitions))  # [rollout, envs]
         flat = container.reshape(-1)
@@ -297,63 +195,11 @@ def train(args) -> None:
             for index in torch.randperm(frames, device=device).split(args.minibatch):
                 batch = flat[index]
                 update(batch["obs"], batch["raw"], batch["logprob"], batch["advantages"], batch["returns"])
-        env_steps += frames
-        if (iteration + 1) % args.log_every == 0 or iteration + 1 == iterations:
-            count = ended_count.item()  # the one host synchronisation, once per log
-            if count:
-                mean_return = ended_sum.item() / count
-                ended_sum.zero_()
-                ended_count.zero_()
-            progress.update(env_steps, mean_return, bool(count))
-    seconds = progress.close()
-
-    if "graph" in args.mode:
-        print("graphmodule: " + "; ".join(
-            f"{name}: {g.stats.warmup_calls} warmup, {g.stats.captures} capture, {g.stats.replays} replays, "
-            f"{g.stats.eager_calls} eager" for name, g in (("policy", policy), ("gae", gae), ("update", update))))
-    eval_return = mean_episode_return(agent_inference.mean_action, device, args.seed + 2)
-    if args.out:
-        write_outputs(args.out, args.mode, progress.rows, random_return, device)
-    print(f"summary: mode={args.mode} env_steps={env_steps} seconds={seconds:.1f} "
-          f"steps_per_s={env_steps / seconds:.0f} final_mean_return={mean_return:.1f} "
-          f"eval_return={eval_return:.1f} random_policy_return={random_return:.1f} "
-          f"(random policy: uniform torques, 64 episodes of the same Pendulum; eval: the mean action)")
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=MODES, default="graph")
-    parser.add_argument("--envs", type=int, help=f"parallel environments (default {DEFAULTS['envs']})")
-    parser.add_argument("--steps", type=int, help=f"env steps in all (default {DEFAULTS['steps']})")
-    parser.add_argument("--rollout", type=int, help=f"steps per env per iteration (default {DEFAULTS['rollout']})")
-    parser.add_argument("--minibatch", type=int, help=f"default {DEFAULTS['minibatch']}")
-    parser.add_argument("--epochs", type=int, help=f"default {DEFAULTS['epochs']}")
-    parser.add_argument("--hidden", type=int, help=f"hidden units (default {DEFAULTS['hidden']})")
-    parser.add_argument("--log-every", type=int, help="iterations between progress reports (each reads the device)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", metavar="DIR", help="write DIR/train_ppo_<mode>.csv and DIR/train_ppo.png")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes and one CPU thread: runs in a few seconds on a CPU "
-                                                         "(checks that the script runs, not that it learns)")
-    parser.add_argument("--graph-backend", default="auto", choices=("auto", "simulate"),
-                        help="graphmodule's backend in the graph modes: 'simulate' runs its capture and "
-                             "replay machinery on the CPU (slow; for testing without a GPU)")
-    args = parser.parse_args(argv)
-    for key, value in (SMOKE if args.smoke else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    return args
+    report.finish(dict(policy=policy, gae=gae, update=update), agent_inference.mean_action)
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    if args.smoke:
-        torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and thrash on a busy CPU)
-    if "graph" in args.mode and args.graph_backend == "auto" and not torch.cuda.is_available():
-        print(f"note: --mode {args.mode} without CUDA: graphmodule runs the functions eagerly (same training)")
-    # graphmodule warns once per wrapper without CUDA; once is enough here
-    warnings.filterwarnings("once", message="CudaGraphModule: CUDA is not available")
-    train(args)
+    run_training(parse_flags(argv, __doc__, SCRIPT, DEFAULTS, SMOKE, FLAGS), train)
 
 
 if __name__ == "__main__":

@@ -45,17 +45,12 @@ without CUDA trains identically (eager fallback). GPU numbers are still to be me
 
 from __future__ import annotations
 
-import argparse
 import copy
-import csv
-import glob
 import math
 import os
 import sys
-import time
-import warnings
 
-if __package__ in (None, ""):  # run as a file: make ``examples.envs`` importable
+if __package__ in (None, ""):  # run as a file: make ``examples`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
@@ -64,14 +59,21 @@ from tensordict import TensorDict, from_module
 from torch import nn
 
 from examples.envs import Pendulum
-from graphmodule import CudaGraphModule
+from examples.training import Report, parse_flags, run_training, wrap
 
-MODES = ("eager", "graph", "compile", "compile+graph")
 SCRIPT, ALGO = "train_sac", "SAC"
 
 # --envs, --steps and the rest; --smoke swaps in tiny sizes (explicit flags still win)
 DEFAULTS = dict(envs=4, steps=40_000, batch_size=256, hidden=128, learning_starts=250, log_every=100)
 SMOKE = dict(envs=2, steps=2 * 440, batch_size=32, hidden=16, learning_starts=50, log_every=50)
+# this script's own flags (integers; --help lists them between --steps and --seed)
+FLAGS = {
+    "--batch-size": f"sampled transitions per update (default {DEFAULTS['batch_size']})",
+    "--hidden": f"hidden units (default {DEFAULTS['hidden']})",
+    "--learning-starts":
+        f"batched env steps with random actions before the updates (default {DEFAULTS['learning_starts']})",
+    "--log-every": "batched env steps between progress reports (each reads the device)",
+}
 GAMMA, TAU, POLICY_FREQUENCY = 0.99, 0.005, 2
 Q_LR, POLICY_LR = 1e-3, 3e-4
 BUFFER_SIZE = 100_000
@@ -151,104 +153,6 @@ class ReplayBuffer:
         return self.storage[torch.randint(self.size, (batch_size,), device=self.device)]
 
 
-def wrap(fn, mode: str, **graph_options):
-    """The one place where the modes differ."""
-    if mode in ("compile", "compile+graph"):
-        fn = torch.compile(fn)
-    if mode in ("graph", "compile+graph"):
-        fn = CudaGraphModule(fn, **graph_options)
-    return fn
-
-
-# -- evaluation and reporting ---------------------------------------------------------------------
-
-def mean_episode_return(policy, device, seed: int, num_envs: int = 64) -> float:
-    """The mean return of one episode of ``num_envs`` fresh Pendulums under ``policy(obs)``."""
-    env = Pendulum(num_envs, device, seed=seed)
-    td = env.reset()
-    with torch.no_grad():
-        for _ in range(env.max_steps):
-            td["action"] = policy(td["observation"])
-            td = env.step(td)
-            td["observation"] = td["next", "observation"]
-    return td["next", "episode_reward"].mean().item()
-
-
-def random_policy_return(device, seed: int) -> float:
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return mean_episode_return(
-        lambda obs: (2 * torch.rand(obs.shape[0], Pendulum.act_dim, device=device, generator=gen) - 1)
-        * Pendulum.max_torque, device, seed)
-
-
-class Progress:
-    """tqdm if it is installed, else a printed line every few seconds; rows for the CSV."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        self.rows, self.start, self.last_print, self.steps = [], time.perf_counter(), 0.0, 0
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            self.bar = None
-            print(f"{desc}: {total} env steps (install tqdm for a progress bar)", flush=True)
-        else:
-            self.bar = tqdm(total=total, desc=desc, unit="step", unit_scale=True, dynamic_ncols=True)
-
-    def update(self, env_steps: int, mean_return: float, new_episodes: bool) -> None:
-        """A row for the CSV when episodes ended since the last call (``mean_return`` is
-        theirs); the bar or the printed line in any case."""
-        elapsed = time.perf_counter() - self.start
-        if new_episodes:
-            self.rows.append((elapsed, env_steps, mean_return))
-        if self.bar is not None:
-            self.bar.update(env_steps - self.steps)
-            self.bar.set_postfix_str(f"return {mean_return:.1f}" if math.isfinite(mean_return) else "no episode yet")
-        elif elapsed - self.last_print >= 5.0:
-            self.last_print = elapsed
-            shown = f"{mean_return:8.1f}" if math.isfinite(mean_return) else "(no episode yet)"
-            print(f"{env_steps:>9} env steps  {env_steps / elapsed:8.0f} steps/s  mean return {shown}", flush=True)
-        self.steps = env_steps
-
-    def close(self) -> float:
-        if self.bar is not None:
-            self.bar.close()
-        return time.perf_counter() - self.start
-
-
-def write_outputs(out_dir: str, mode: str, rows, random_return: float, device: torch.device) -> None:
-    """``out_dir/<script>_<mode>.csv``, then ``out_dir/<script>.png`` over every such CSV."""
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{SCRIPT}_{mode}.csv")
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["wall_seconds", "env_steps", "mean_return"])
-        writer.writerows((f"{s:.3f}", n, f"{r:.3f}") for s, n, r in rows)
-    print(f"wrote {path}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for csv_path in sorted(glob.glob(os.path.join(out_dir, f"{SCRIPT}_*.csv"))):
-        with open(csv_path, newline="") as f:
-            data = [(float(r["wall_seconds"]), float(r["mean_return"])) for r in csv.DictReader(f)]
-        if data:
-            label = os.path.basename(csv_path)[len(SCRIPT) + 1:-len(".csv")]
-            ax.plot(*zip(*data), label=label)
-    ax.axhline(random_return, color="gray", linestyle="--", label="random policy")
-    ax.set(xlabel="wall-clock seconds", ylabel="mean episode return",
-           title=f"{SCRIPT}: {ALGO} on Pendulum ({device.type})")
-    ax.legend()
-    fig.tight_layout()
-    png = os.path.join(out_dir, f"{SCRIPT}.png")
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    print(f"wrote {png}")
-
-
 # -- training ---------------------------------------------------------------------------------
 
 def train(args) -> None:
@@ -310,14 +214,10 @@ def train(args) -> None:
     update_critics = wrap(update_critics, args.mode, warmup=5, **backend)
     update_actor = wrap(update_actor, args.mode, warmup=5, **backend)
 
-    random_return = random_policy_return(device, args.seed + 1)
     iterations = max(1, args.steps // args.envs)
-    progress = Progress(iterations * args.envs, f"SAC {args.mode}")
+    report = Report(args, iterations, args.envs, SCRIPT, ALGO)
     td = env.reset()
-    mean_return, env_steps = math.nan, 0
-    ended_sum = torch.zeros((), device=device)
-    ended_count = torch.zeros((), device=device)
-    for step in range(iterations):
+    for step in report:  # counts the env steps; reports progress every --log-every steps
         with torch.no_grad():
             if step < args.learning_starts:  # uniformly random actions first
                 td["action"] = (2 * torch.rand(args.envs, Pendulum.act_dim, device=device) - 1) * Pendulum.max_torque
@@ -328,9 +228,7 @@ def train(args) -> None:
                 observations=td["observation"], actions=td["action"], rewards=td["next", "reward"],
                 next_observations=td["next", "observation"], dones=td["next", "terminated"],
                 batch_size=[args.envs]))
-            done = td["next", "done"].squeeze(-1).float()
-            ended_sum += (td["next", "episode_reward"].squeeze(-1) * done).sum()
-            ended_count += done.sum()
+            report.add_episodes(td)
             td = next_td
         if step >= args.learning_starts:
             data = rb.sample(args.batch_size)
@@ -338,64 +236,12 @@ def train(args) -> None:
             if step % POLICY_FREQUENCY == 0:
                 for _ in range(POLICY_FREQUENCY):  # catch up on the delayed updates
                     update_actor(data)
-        env_steps += args.envs
-        if (step + 1) % args.log_every == 0 or step + 1 == iterations:
-            count = ended_count.item()  # the one host synchronisation, once per log
-            if count:
-                mean_return = ended_sum.item() / count
-                ended_sum.zero_()
-                ended_count.zero_()
-            progress.update(env_steps, mean_return, bool(count))
-    seconds = progress.close()
-
-    if "graph" in args.mode:
-        print("graphmodule: " + "; ".join(
-            f"{name}: {g.stats.warmup_calls} warmup, {g.stats.captures} capture, {g.stats.replays} replays, "
-            f"{g.stats.eager_calls} eager"
-            for name, g in (("policy", policy), ("update_critics", update_critics), ("update_actor", update_actor))))
-    eval_return = mean_episode_return(actor_detach.mean_action, device, args.seed + 2)
-    if args.out:
-        write_outputs(args.out, args.mode, progress.rows, random_return, device)
-    print(f"summary: mode={args.mode} env_steps={env_steps} seconds={seconds:.1f} "
-          f"steps_per_s={env_steps / seconds:.0f} final_mean_return={mean_return:.1f} "
-          f"eval_return={eval_return:.1f} random_policy_return={random_return:.1f} "
-          f"(random policy: uniform torques, 64 episodes of the same Pendulum; eval: the mean action)")
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=MODES, default="graph")
-    parser.add_argument("--envs", type=int, help=f"parallel environments (default {DEFAULTS['envs']})")
-    parser.add_argument("--steps", type=int, help=f"env steps in all (default {DEFAULTS['steps']})")
-    parser.add_argument("--batch-size", type=int, help=f"sampled transitions per update (default {DEFAULTS['batch_size']})")
-    parser.add_argument("--hidden", type=int, help=f"hidden units (default {DEFAULTS['hidden']})")
-    parser.add_argument("--learning-starts", type=int,
-                        help=f"batched env steps with random actions before the updates (default {DEFAULTS['learning_starts']})")
-    parser.add_argument("--log-every", type=int, help="batched env steps between progress reports (each reads the device)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", metavar="DIR", help="write DIR/train_sac_<mode>.csv and DIR/train_sac.png")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes and one CPU thread: runs in a few seconds on a CPU "
-                                                         "(checks that the script runs, not that it learns)")
-    parser.add_argument("--graph-backend", default="auto", choices=("auto", "simulate"),
-                        help="graphmodule's backend in the graph modes: 'simulate' runs its capture and "
-                             "replay machinery on the CPU (slow; for testing without a GPU)")
-    args = parser.parse_args(argv)
-    for key, value in (SMOKE if args.smoke else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    return args
+    report.finish(dict(policy=policy, update_critics=update_critics, update_actor=update_actor),
+                  actor_detach.mean_action)
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    if args.smoke:
-        torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and thrash on a busy CPU)
-    if "graph" in args.mode and args.graph_backend == "auto" and not torch.cuda.is_available():
-        print(f"note: --mode {args.mode} without CUDA: graphmodule runs the functions eagerly (same training)")
-    # graphmodule warns once per wrapper without CUDA; once is enough here
-    warnings.filterwarnings("once", message="CudaGraphModule: CUDA is not available")
-    train(args)
+    run_training(parse_flags(argv, __doc__, SCRIPT, DEFAULTS, SMOKE, FLAGS), train)
 
 
 if __name__ == "__main__":

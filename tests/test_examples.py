@@ -132,11 +132,13 @@ def test_training_plot(script, tmp_path):
     pytest.importorskip("matplotlib")
     import importlib
 
+    from examples.training import write_outputs
+
     module = importlib.import_module("examples." + script.replace(".py", ""))
     name = script.replace(".py", "")
     (tmp_path / f"{name}_eager.csv").write_text("wall_seconds,env_steps,mean_return\n1.0,100,-1200\n2.0,200,-900\n")
-    module.write_outputs(str(tmp_path), "graph", [(0.5, 100, -1100.0), (1.0, 200, -800.0)], -1200.0,
-                         torch.device("cpu"))
+    write_outputs(str(tmp_path), "graph", [(0.5, 100, -1100.0), (1.0, 200, -800.0)], -1200.0,
+                  torch.device("cpu"), script=module.SCRIPT, algo=module.ALGO)
     assert (tmp_path / f"{name}_graph.csv").read_text().startswith("wall_seconds,env_steps,mean_return\n")
     png = (tmp_path / f"{name}.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
