@@ -146,8 +146,9 @@ class PlanBuilder:
             raise Unsupported(f"the function returned a {type(td).__name__}, which graphmodule cannot rebuild")
         if getattr(type(td), "_is_non_tensor", False):
             return (CONST, td)
-        entries = [(name, self.plan(v, depth + 1) if not isinstance(v, TensorDictBase) else self._td(v, depth + 1))
-                   for name, v in td.items()]
+        # nested TensorDicts through plan() too: one met twice (in the result and in an
+        # input it was written into) is one object, as eagerly
+        entries = [(name, self.plan(v, depth + 1)) for name, v in td.items()]
         names = tuple(td.names) if td._has_names() else None
         return (TD, td.batch_size, td.device, names, entries, td.is_locked)
 

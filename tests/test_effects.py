@@ -210,3 +210,21 @@ def test_unread_layout_that_a_result_would_carry_is_a_mismatch(graph_backend):
     td = TensorDict(a=torch.ones(2, 1), nested=TensorDict(c=torch.zeros(2, 1), batch_size=[2]), batch_size=[2])
     with pytest.raises(InputMismatchError, match=r"nested TensorDicts of TensorDict argument 0: expected \[\]"):
         g(td, tensordict_out=TensorDict(batch_size=[2]))
+
+
+def test_nested_tensordict_written_into_an_input_and_returned_is_one_object(graph_backend):
+    # found by the long differential run: the function creates k0["obs"] and returns
+    # k0.exclude("x"), whose "obs" is that same TensorDict; the replay built it twice
+    def fn(a0, k0):
+        k0["obs", "leaf"] = a0["b"]
+        return k0.exclude("x")
+
+    def make(k):
+        return (TensorDict(b=torch.full((2,), float(k))), TensorDict(x=torch.ones(1) * k, b=torch.ones(1)))
+
+    g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+    for k in range(3):
+        a0, k0 = make(k)
+        out = g(a0, k0)
+        assert out["obs"] is k0["obs"]
+        torch.testing.assert_close(out["obs", "leaf"], a0["b"])
