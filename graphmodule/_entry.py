@@ -16,7 +16,7 @@ from tensordict import TensorDictBase
 from ._effects import Effects
 from ._errors import Mismatch
 from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, nested_paths, resolve, span_bytes
-from ._outputs import GRAPH, REF, Plan, build, collect, dense
+from ._outputs import GRAPH, REF, Plan, build, collect, dense, ref_recipes
 from ._spec import InputSpec
 from ._stale import Watch
 
@@ -55,6 +55,7 @@ class Entry:
         # nested TensorDicts that must (or must not) be in the caller's TensorDict for the
         # effects to be the function's (Effects.requires)
         self.requires, self.layouts = effects.requires, effects.layouts
+        self.result_refs = [r for r in ref_recipes(out_recipe) if r[1][0] != "slot_obj"] if effects.ops else []
         self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
@@ -91,6 +92,10 @@ class Entry:
         values = self.plan.values(self.clone)
         memo: dict = {}
         if self.effects.any:
+            # objects of the call the result holds, found before the effects move any (a
+            # nested TensorDict returned, then deleted from its parent)
+            for recipe in self.result_refs:
+                memo[id(recipe)] = resolve(recipe[1], tree, objs)
             self.effects.apply(self.inputs, leaves, objs, tree, values, memo)
         return build(self.out_recipe, values, leaves, objs, tree, memo)
 

@@ -273,7 +273,8 @@ def build(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any, memo:
     if tag == CONST:
         return recipe[1]
     if tag == REF:
-        return resolve(recipe[1], tree, objs)
+        made = memo.get(id(recipe)) if memo is not None else None  # resolved before the effects
+        return made if made is not None else resolve(recipe[1], tree, objs)
     if memo is None:
         memo = {}
     made = memo.get(id(recipe))
@@ -318,6 +319,27 @@ def _make(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any, memo:
         _, dim, subs = recipe
         return LazyStackedTensorDict(*[build(r, values, leaves, objs, tree, memo) for r in subs], stack_dim=dim)
     raise AssertionError(f"unknown recipe {tag}")  # pragma: no cover
+
+
+def ref_recipes(recipe: tuple) -> list[tuple]:
+    """The ``REF`` recipes inside ``recipe``: objects of the call that the result holds."""
+    tag = recipe[0]
+    if tag == REF:
+        return [recipe]
+    children: list = []
+    if tag in (TUPLE, LIST, LAZY):
+        children = recipe[1] if tag != LAZY else recipe[2]
+    elif tag == NAMEDTUPLE:
+        children = recipe[2]
+    elif tag == DICT:
+        children = recipe[3]
+    elif tag == TD:
+        children = [r for _, r in recipe[4]]
+    elif tag == TC:
+        children = [recipe[2]]
+    elif tag == OBJECT:
+        children = [r for _, r in recipe[2]]
+    return [ref for child in children for ref in ref_recipes(child)]
 
 
 def collect(recipe: tuple, value: Any, out: dict[int, Tensor]) -> None:

@@ -228,3 +228,24 @@ def test_nested_tensordict_written_into_an_input_and_returned_is_one_object(grap
         out = g(a0, k0)
         assert out["obs"] is k0["obs"]
         torch.testing.assert_close(out["obs", "leaf"], a0["b"])
+
+
+def test_returned_nested_tensordict_deleted_from_its_parent_afterwards(graph_backend):
+    # found by the long differential run: the result holds k0["b"], which the function then
+    # writes into and deletes from k0; the replay looked "b" up after the deletion (None)
+    def fn(a0, *, k0):
+        out = k0.exclude("x")
+        k0["b"]["new"] = a0
+        del k0["b"]
+        return out
+
+    def make(k):
+        return torch.full((1,), float(k)), TensorDict(x=torch.ones(1), b=TensorDict(x=torch.zeros(1)))
+
+    g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+    for k in range(3):
+        a0, k0 = make(k)
+        inner = k0["b"]
+        out = g(a0, k0=k0)
+        assert out["b"] is inner and list(k0.keys()) == ["x"]
+        torch.testing.assert_close(out["b", "new"], a0)
