@@ -19,6 +19,7 @@ from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern,
 from ._outputs import GRAPH, REF, Plan, build, collect, dense, ref_recipes
 from ._spec import InputSpec
 from ._stale import Watch
+from ._tree import _is_node
 
 __all__ = ["Entry"]
 
@@ -116,7 +117,7 @@ class Entry:
         for position, key, batch_size in self.requires:
             td = objs[position]
             now = td.get(key, None) if isinstance(td, TensorDictBase) else None
-            is_td = isinstance(now, TensorDictBase) and not getattr(type(now), "_is_non_tensor", False)
+            is_td = _is_node(now)
             where = f"the TensorDict's entry {key[0] if len(key) == 1 else key!r}"
             if batch_size is None and is_td:
                 found.append(Mismatch(where, "unread", "no TensorDict (the function creates one there)",

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
-from ._tree import Layout, build_td, slot_ranges, unflatten
+from ._tree import Layout, _is_node, build_td, slot_ranges, unflatten
 
 __all__ = ["StaticInputs", "Materialized", "storage_base"]
 
@@ -297,7 +297,7 @@ class Materialized:
         if not isinstance(caller, TensorDictBase):
             return
         for name, value in caller.items():
-            if not isinstance(value, TensorDictBase) or getattr(type(value), "_is_non_tensor", False):
+            if not _is_node(value):
                 continue
             key = prefix + (name,)
             if name not in td.keys():
@@ -306,7 +306,7 @@ class Materialized:
                 td._tensordict[name] = TensorDict(batch_size=value.batch_size, device=value.device)
                 self.mirrors[(position, key)] = (value.batch_size, value.device)
             mine = td._tensordict.get(name) if type(td) is TensorDict else None
-            if isinstance(mine, TensorDictBase):
+            if _is_node(mine):
                 self._mirror(mine, value, position, key)
 
     def _pairs(self):
@@ -335,14 +335,14 @@ class Materialized:
 
 def nested_paths(td: Any) -> tuple:
     """The key paths of the nested TensorDicts in ``td``, depth first (its layout, no leaves)."""
-    if not isinstance(td, TensorDictBase):
+    if not _is_node(td):
         return ()
     out = []
     stack = [((), td)]
     while stack:
         prefix, node = stack.pop()
         for name, value in node.items():
-            if isinstance(value, TensorDictBase) and not getattr(type(value), "_is_non_tensor", False):
+            if _is_node(value):
                 out.append(prefix + (name,))
                 stack.append((prefix + (name,), value))
     return tuple(out)

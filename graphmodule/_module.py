@@ -41,7 +41,7 @@ from ._errors import (
 from ._explain import describe_spec, mismatch_error
 from ._options import Options, State
 from ._paths import user_stacklevel
-from ._record import mode_reader, read_call, record
+from ._record import leaf_keys, mode_reader, read_call, record
 from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
@@ -51,13 +51,6 @@ from ._tree import flatten
 __all__ = ["CudaGraphModule"]
 
 log = logging.getLogger("graphmodule")
-
-
-def _leaf_keys(out: Any) -> list | None:
-    """The leaf keys of a returned TensorDict, in order (None for anything else)."""
-    if isinstance(out, TensorDictBase) and not getattr(type(out), "_is_non_tensor", False):
-        return list(out.keys(include_nested=True, leaves_only=True))
-    return None
 
 
 _NOTHING = object()
@@ -364,7 +357,7 @@ class CudaGraphModule(WrapperSurface):
         self._stats.warmup_calls += 1
         if self._returned_input is None and self._is_tensordict_module and args:
             self._returned_input = out is args[0]
-        self._warm_keys = _leaf_keys(out)
+        self._warm_keys = leaf_keys(out)
         return out
 
     def _new_signature(self, args: tuple, kwargs: dict) -> Any:
@@ -420,7 +413,7 @@ class CudaGraphModule(WrapperSurface):
         self._stats.captures += 1
         self._stats.replays += 1
         self._stats.capture_seconds = self._runner.capture_seconds
-        entry.capture_bytes = getattr(self._runner, "capture_bytes", 0)
+        entry.capture_bytes = self._runner.capture_bytes
         log.info("%s: captured graph %d in %.1f ms (%d held)", self._owner, self._stats.captures,
                  1e3 * self._runner.capture_seconds, len(self._entries))
         return entry.finish(leaves, objs, tree)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from tensordict import TensorDictBase
 
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
@@ -28,7 +27,7 @@ from ._outputs import Plan, PlanBuilder, Unsupported
 from ._paths import describe, leaf_texts
 from ._spec import InputSpec
 from ._stale import PythonEffects, Watch
-from ._tree import Layout
+from ._tree import Layout, _is_node
 
 __all__ = ["read_call", "record", "mode_reader"]
 
@@ -60,15 +59,19 @@ def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.devi
     return layout, leaves, objs, texts
 
 
+def leaf_keys(out: Any) -> list | None:
+    """The leaf keys of a returned TensorDict, in order (None for anything else)."""
+    return list(out.keys(include_nested=True, leaves_only=True)) if _is_node(out) else None
+
+
 def _same_returned_keys(owner: str, out: Any, eager_keys: list | None, materialized: Materialized,
                         callers: dict) -> None:
     """A TensorDict returned by the capturing call holds the keys the last warmup (eager)
     call's did. A module given a TensorDict read by key sees only its in_keys at capture;
     one that copies other entries into its result (TensorDictSequential with
     ``tensordict_out`` copies nested TensorDicts whole) would return fewer keys than eagerly."""
-    if eager_keys is None or not isinstance(out, TensorDictBase) or not materialized.by_key:
-        return
-    if getattr(type(out), "_is_non_tensor", False):
+    keys = leaf_keys(out)
+    if eager_keys is None or keys is None or not materialized.by_key:
         return
     expected = eager_keys
     ref = materialized.refs.get(id(out))
@@ -77,9 +80,8 @@ def _same_returned_keys(owner: str, out: Any, eager_keys: list | None, materiali
         if position not in materialized.by_key or materialized.slot_paths[position] == (0, 0):
             return  # an input read whole, or the module's input TensorDict: its keys are the caller's
         # tensordict_out: what the caller's held before the call is not in the stand-in
-        held = set(callers[position].keys(include_nested=True, leaves_only=True))
+        held = set(leaf_keys(callers[position]))
         expected = [k for k in eager_keys if k not in held]
-    keys = list(out.keys(include_nested=True, leaves_only=True))
     if keys != expected:
         missing = [k for k in eager_keys if k not in keys]
         raise UnsupportedError(
