@@ -59,7 +59,7 @@ from tensordict import TensorDict, from_module
 from torch import nn
 
 from examples.envs import Pendulum
-from examples.training import Report, parse_flags, run_training, wrap
+from examples.training import ReplayBuffer, Report, parse_flags, run_training, wrap
 
 SCRIPT, ALGO = "train_sac", "SAC"
 
@@ -127,30 +127,6 @@ def frozen(module: nn.Module, *args):
     """Call ``module`` with its parameters detached: gradients reach the inputs only."""
     params = {name: p.detach() for name, p in module.named_parameters()}
     return torch.func.functional_call(module, params, args)
-
-
-class ReplayBuffer:
-    """A circular buffer of transitions (a TensorDict) on the device, sampled uniformly.
-
-    The cursor and size are Python ints and the indices are made on the device, so neither
-    ``extend`` nor ``sample`` waits for the device."""
-
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        self.capacity, self.device = capacity, device
-        self.storage: TensorDict | None = None
-        self.cursor = self.size = 0
-
-    def extend(self, td: TensorDict) -> None:
-        n = td.shape[0]
-        if self.storage is None:
-            self.storage = td[0].expand(self.capacity).clone().zero_()
-        index = (torch.arange(n, device=self.device) + self.cursor) % self.capacity
-        self.storage[index] = td
-        self.cursor = (self.cursor + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
-
-    def sample(self, batch_size: int) -> TensorDict:
-        return self.storage[torch.randint(self.size, (batch_size,), device=self.device)]
 
 
 # -- training ---------------------------------------------------------------------------------

@@ -13,14 +13,43 @@ import time
 import warnings
 
 import torch
+from tensordict import TensorDict
 
 from examples.envs import Pendulum
 from graphmodule import CudaGraphModule
 
-__all__ = ["MODES", "Progress", "Report", "mean_episode_return", "parse_flags", "random_policy_return",
+__all__ = ["MODES", "Progress", "ReplayBuffer", "Report", "mean_episode_return", "parse_flags", "random_policy_return",
            "run_training", "wrap", "write_outputs"]
 
 MODES = ("eager", "graph", "compile", "compile+graph")
+
+
+# -- replay buffer -------------------------------------------------------------------------------
+
+class ReplayBuffer:
+    """A circular buffer of transitions (a TensorDict) on the device, sampled uniformly.
+
+    ``extend`` writes at device-side indices and ``sample`` draws them with
+    ``torch.randint``: the cursor and size are Python ints, so neither waits for the device.
+    """
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.capacity, self.device = capacity, torch.device(device)
+        self.storage: TensorDict | None = None
+        self.cursor = self.size = 0
+
+    def extend(self, td: TensorDict) -> None:
+        n = td.shape[0]
+        if self.storage is None:
+            self.storage = td[0].expand(self.capacity).clone().zero_()
+        index = (torch.arange(n, device=self.device) + self.cursor) % self.capacity
+        self.storage[index] = td
+        self.cursor = (self.cursor + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int) -> TensorDict:
+        index = torch.randint(self.size, (batch_size,), device=self.device)
+        return self.storage[index]
 
 
 # -- command line -------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from examples.training import ReplayBuffer  # noqa: F401 - the buffer the programs sample from
+
 WRAPPERS = ("eager", "tensordict", "graphmodule")
 
 
@@ -57,32 +59,6 @@ def mlp(n_in: int, hidden: int, n_out: int, act: type[nn.Module], device: Any) -
 def capturable(device: torch.device) -> bool:
     """Optimizers step inside CUDA graphs only with ``capturable=True`` (CUDA tensors only)."""
     return torch.device(device).type == "cuda"
-
-
-class ReplayBuffer:
-    """A circular buffer of transitions (a TensorDict) on the device, sampled uniformly.
-
-    ``extend`` writes at device-side indices and ``sample`` draws them with
-    ``torch.randint``: the cursor and size are Python ints, so neither waits for the device.
-    """
-
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        self.capacity, self.device = capacity, torch.device(device)
-        self.storage: TensorDict | None = None
-        self.cursor = self.size = 0
-
-    def extend(self, td: TensorDict) -> None:
-        n = td.shape[0]
-        if self.storage is None:
-            self.storage = td[0].expand(self.capacity).clone().zero_()
-        index = (torch.arange(n, device=self.device) + self.cursor) % self.capacity
-        self.storage[index] = td
-        self.cursor = (self.cursor + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
-
-    def sample(self, batch_size: int) -> TensorDict:
-        index = torch.randint(self.size, (batch_size,), device=self.device)
-        return self.storage[index]
 
 
 def episode_return(episode_reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
