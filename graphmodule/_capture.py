@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import traceback
 import warnings
 from typing import Any, Callable, Protocol
 
@@ -205,7 +206,9 @@ class CudaRunner:
             reserved = torch.cuda.memory_reserved(self.device)
             gc_was_enabled = gc.isenabled()
             gc.disable()
-            graph = torch.cuda.CUDAGraph()
+            # debug: keep the cudaGraph_t beside the executable graph, so that
+            # debug_dump has a structure to print (without it torch drops it at capture_end)
+            graph = torch.cuda.CUDAGraph(keep_graph=True) if self.debug else torch.cuda.CUDAGraph()
             if self.debug:
                 graph.enable_debug_mode()
             body_error: BaseException | None = None
@@ -242,9 +245,20 @@ class CudaRunner:
             if body_error is not None or end_error is not None:
                 original = body_error if body_error is not None else end_error
                 self._recover(graph)
-                raise diagnose(owner, original, end_error) from original
+                error = diagnose(owner, original, end_error)
+                # What the failed capture allocated (the graph, tensors its frames hold) must
+                # die here, with no capture running: left to the collector, it was freed at
+                # some later point and aborted the process there (a later capture, GPU run).
+                del graph, out
+                for exc in (body_error, end_error):
+                    if exc is not None:
+                        traceback.clear_frames(exc.__traceback__)
+                gc.collect()
+                raise error from original
             if empty:
                 graph = _EmptyGraph()
+            elif self.debug:
+                graph.instantiate()  # keep_graph=True: capture_end left that to us
             else:
                 _USED.add(self.pool)
                 _LIVE[self.pool] = _LIVE.get(self.pool, 0) + 1

@@ -47,7 +47,6 @@ class Entry:
         self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
         self.texts = texts  # printable place of each input leaf, for messages
         self.capture_bytes = 0  # device memory the capture added (the wrapper sets it)
-        self.dumped_to: str | None = None  # where debug_dump wrote this graph
         self.stride_checked = sorted(stride_checked)
         self.stride_facts = [inputs.leaves[i].stride() for i in self.stride_checked]
         # inputs aliasing each other matter when the graph writes into inputs, or was

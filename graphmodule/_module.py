@@ -217,8 +217,8 @@ class CudaGraphModule(WrapperSurface):
 
         Needs ``debug=True`` and the CUDA backend. One graph goes to ``path``; with several
         (``max_graphs``), graph ``n`` (most recently used first) goes to ``path`` with
-        ``.n`` before its suffix. Returns the paths written. Torch frees a graph's structure
-        when it dumps it, so each graph can be dumped once (its replays are unaffected).
+        ``.n`` before its suffix. Returns the paths written. Graphs captured with
+        ``debug=True`` keep their structure, so they can be dumped again.
 
         Example (on a GPU)::
 
@@ -234,16 +234,10 @@ class CudaGraphModule(WrapperSurface):
                                   "structure to dump: build it with CudaGraphModule(..., debug=True).")
         root, ext = os.path.splitext(os.fspath(path))
         paths = [os.fspath(path)] if len(self._entries) == 1 else [f"{root}.{n}{ext}" for n in range(len(self._entries))]
-        done = [entry.dumped_to for entry in self._entries if entry.dumped_to is not None]
-        if done:  # torch frees a graph's structure when it dumps it (replays are unaffected)
-            raise GraphStateError(f"{self._owner} dumped its graph already (to {', '.join(done)}), and torch "
-                                  "frees a graph's structure once dumped: read that file, or reset() and "
-                                  "capture again to dump anew.")
         for entry, where in zip(self._entries, paths):
             self._runner.debug_dump(entry.handle, where, self._owner)
             if not os.path.exists(where):
                 raise GraphStateError(f"torch wrote no file at {where} for {self._owner}'s graph.")
-            entry.dumped_to = where
         return paths
 
     def explain(self) -> str:
