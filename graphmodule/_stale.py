@@ -86,6 +86,7 @@ class Watch:
         self._t: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, ptrs, labels
         self._o: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, objects, labels
         self._v: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, values, labels
+        self._tensors: list[torch.Tensor] = []  # the tensor at each watched place, at capture
         self._seen: set[int] = set()
         self.functions: list[tuple[Callable, str]] = []
         self.modules: list[tuple[nn.Module, str]] = []
@@ -100,6 +101,7 @@ class Watch:
             self.externals[id(value)] = value
             for lst, item in zip(self._t, (container, key, _data_ptr(value), label)):
                 lst.append(item)
+            self._tensors.append(value)
         elif isinstance(value, _SCALARS):
             for lst, item in zip(self._v, (container, key, value, label)):
                 lst.append(item)
@@ -231,10 +233,17 @@ class Watch:
 
     # -- the per-call check ----------------------------------------------------------------
     def check(self) -> bool:
-        """Whether everything found at capture is still what the graph reads. Cheap:
-        three C-level passes (addresses, identities, values)."""
+        """Whether everything found at capture is still what the graph reads. Cheap: a few
+        C-level passes (tensors and objects by identity, values by value), and one more
+        over the tensors' addresses (``p.data = ...`` keeps the object, not its memory)."""
         try:
-            if list(map(_data_ptr, map(getitem, self._tc, self._tk))) != self._tptrs:
+            now = list(map(getitem, self._tc, self._tk))
+            if not all(map(is_, now, self._tobjs)):
+                # another object: stale unless it is the same memory, read the same way
+                if list(map(_facts, now)) != self._tfacts:
+                    return False
+                self._tobjs = now  # adopt the new objects: the next check is the fast one
+            elif not _same_addresses(self._tobjs, self._tptrs, self._tindex):
                 return False
             if not all(map(is_, map(getitem, self._oc, self._ok), self._oobjs)):
                 return False
@@ -251,6 +260,9 @@ class Watch:
     def freeze(self) -> None:
         """Lay the watched places out for :meth:`check` (after discovery)."""
         self._tc, self._tk, self._tptrs, _ = self._t
+        self._tobjs = list(self._tensors)
+        self._tfacts = list(map(_facts, self._tensors))
+        self._tindex = list(range(len(self._tensors)))
         self._oc, self._ok, self._oobjs, _ = self._o
         self._vc, self._vk, values, _ = self._v
         self._vvalues = tuple(values)
@@ -259,22 +271,41 @@ class Watch:
     def changes(self) -> list[tuple[str, str]]:
         """What changed, for the message (the slow path)."""
         out = []
+        tensors = iter(self._tensors)
         for places, what_changed in ((self._t, _tensor_change), (self._o, _object_change), (self._v, _value_change)):
             for container, key, captured, label in zip(*places):
+                extra = (next(tensors),) if places is self._t else ()
                 try:
                     now = getitem(container, key)
                 except (KeyError, IndexError, ValueError):
                     out.append((label, "removed"))
                     continue
-                what = what_changed(now, captured)
+                what = what_changed(now, captured, *extra)
                 if what:
                     out.append((label, what))
         return out
 
 
-def _tensor_change(now: Any, ptr: int) -> str | None:
+def _facts(t: torch.Tensor) -> tuple:
+    """How a graph reads a tensor: where, and with which layout."""
+    return (_data_ptr(t), t.shape, t.stride(), t.dtype)
+
+
+def _data_ptrs_equal(tensors: list, ptrs: list, index: list) -> bool:
+    return list(map(_data_ptr, tensors)) == ptrs
+
+
+# torch's C++ loop over data pointers (what cudagraph trees check static inputs with) on
+# CUDA builds; the Python pass, some 150 ns a tensor, elsewhere
+_same_addresses = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None) or _data_ptrs_equal
+
+
+def _tensor_change(now: Any, ptr: int, captured: torch.Tensor) -> str | None:
     if not isinstance(now, torch.Tensor) or _data_ptr(now) != ptr:
         return "another tensor (the graph reads the old one's memory)"
+    if _facts(now) != _facts(captured):
+        return (f"another view of the same memory (shape {list(now.shape)}, stride {now.stride()}; the graph "
+                f"reads it as shape {list(captured.shape)}, stride {captured.stride()})")
     return None
 
 

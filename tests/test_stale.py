@@ -63,6 +63,24 @@ class TestModules:
         net.weight.data = torch.zeros(3, 3)
         assert _stale_message(g)[1] == "  module.weight: another tensor (the graph reads the old one's memory)"
 
+    def test_same_memory_under_a_new_parameter_object_is_fine(self):
+        net = nn.Linear(3, 3)
+        g = _captured(net)
+        net.weight = nn.Parameter(net.weight.detach())  # a new object over the same memory
+        with torch.no_grad():
+            for _ in range(2):  # the second call takes the fast path over the adopted object
+                torch.testing.assert_close(g(X), net(X))
+                net.weight.mul_(2)  # written in place: the graph reads it
+
+    def test_same_memory_seen_through_another_view(self):
+        # a transposed view of the same memory: the data pointer alone did not tell it apart
+        net = nn.Linear(3, 3)
+        g = _captured(net)
+        net.weight = nn.Parameter(net.weight.detach().t())
+        assert _stale_message(g)[1] == (
+            "  module.weight: another view of the same memory (shape [3, 3], stride (1, 3); "
+            "the graph reads it as shape [3, 3], stride (3, 1))")
+
     def test_tensordict_to_module_swap(self):
         net = nn.Linear(3, 3)
         g = _captured(net)
