@@ -40,6 +40,7 @@ EXAMPLES = int(os.environ.get("GM_FUZZ_EXAMPLES", "150"))
 SEED = os.environ.get("GM_FUZZ_SEED")
 ALL_BUGS = os.environ.get("GM_FUZZ_ALL_BUGS", "0") == "1"
 SHRINK_RUNS = int(os.environ.get("GM_FUZZ_SHRINK_RUNS", "200"))  # bounds the time a failure takes
+PROFILE = os.environ.get("GM_FUZZ_PROFILE")  # a path: cProfile of the cases after the 20th, written there
 
 # share of GM_FUZZ_EXAMPLES per fuzz test
 SHARES = {
@@ -83,6 +84,8 @@ def run_fuzz(name: str, strategy, check, n: float, backend: str, device: str, ca
         if count[0] >= budget:  # shrinking budget spent: keep the smallest failure found so far
             return
         count[0] += 1
+        if profiler is not None and count[0] == 20:  # imports and first captures done
+            profiler.enable()
         try:
             check(case, backend, device)
         except Exception as exc:
@@ -91,9 +94,16 @@ def run_fuzz(name: str, strategy, check, n: float, backend: str, device: str, ca
 
     if SEED is not None:
         inner = seed(int(SEED))(inner)
+    profiler = None
+    if PROFILE:
+        import cProfile
+        profiler = cProfile.Profile()
     try:
         inner()
     finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(PROFILE)
         with capsys.disabled():
             print(f"\n[differential] {name}: {count[0]} cases run (backend={backend})", flush=True)
 

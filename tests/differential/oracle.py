@@ -33,6 +33,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase, is_non_tensor, is_tensorclass
 
@@ -134,14 +135,45 @@ def _dist_attrs(d: torch.distributions.Distribution) -> list[str]:
 _DEFERRED: list | None = None  # value comparisons waiting for one batched check
 
 
+def _flat_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors' elements as one row of bytes, in order (copies where memory is not contiguous)."""
+    return torch.cat([t.detach().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+class _Bytes:
+    """The bytes of several tensors, to tell which of them another set of tensors (same shapes
+    and dtypes) differs from in any bit: a few kernels and one host sync per device, however
+    many tensors (one comparison and one reduction per pair made the GPU fuzz launch-bound)."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.n = len(tensors)
+        by_device: dict[Any, list[int]] = {}
+        for i, t in enumerate(tensors):
+            if t.numel():  # an empty tensor never differs
+                by_device.setdefault(t.device, []).append(i)
+        self.groups = []
+        for index in by_device.values():
+            rows = [tensors[i] for i in index]
+            offsets = np.cumsum([0] + [t.numel() * t.element_size() for t in rows[:-1]])
+            self.groups.append((index, offsets, _flat_bytes(rows)))
+
+    def differs(self, tensors: list[torch.Tensor]) -> list[bool]:
+        out = [False] * self.n
+        for index, offsets, flat in self.groups:
+            now = _flat_bytes([tensors[i] for i in index]).to(flat.device)
+            ne = (now != flat).cpu().numpy()
+            for i, d in zip(index, np.logical_or.reduceat(ne, offsets)):
+                out[i] = bool(d)
+        return out
+
+
 def _check_deferred(pending: list) -> None:
     """The value comparisons ``compare`` put off: one host sync for all of them."""
     if not pending:
         return
-    flags = [(_bits(e) != _bits(w)).any() for e, w, _ in pending]
-    device = flags[0].device
-    for (e, w, add), differs in zip(pending, torch.stack([f.to(device) for f in flags]).tolist()):
-        if differs:
+    differs = _Bytes([w for _, w, _ in pending]).differs([e for e, _, _ in pending])
+    for (e, w, add), d in zip(pending, differs):
+        if d:
             add("value", show(e), show(w))
 
 
@@ -285,13 +317,10 @@ def _describe_identity(path: str, canon: str) -> str:
     return f"the same object as {canon}"
 
 
-def _changed(slots: list[tuple[str, torch.Tensor]], snaps: list[torch.Tensor]) -> list[bool]:
+def _changed(slots: list[tuple[str, torch.Tensor]], snaps: "_Bytes") -> list[bool]:
     """Whether each slot's bits differ from its snapshot: one host sync for all of them
     (a ``torch.equal`` per pair waits for the GPU each time, which made the GPU fuzz slow)."""
-    if not slots:
-        return []
-    flags = [(_bits(u) != _bits(s)).any() for (_, u), s in zip(slots, snaps)]
-    return torch.stack([f.to(flags[0].device) for f in flags]).tolist()
+    return snaps.differs([u for _, u in slots])
 
 
 def probe(objs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -300,6 +329,7 @@ def probe(objs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with torch.no_grad():
         snaps = [t.detach().clone() for _, t in slots]
+        before = _Bytes(snaps)
         for path, t in slots:
             try:
                 if t.dtype == torch.bool:
@@ -309,14 +339,18 @@ def probe(objs: list[tuple[str, Any]]) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001 - e.g. memory that overlaps itself
                 result[path] = f"not writable ({type(exc).__name__})"
             else:
-                changed = _changed(slots, snaps)
+                changed = _changed(slots, before)
                 result[path] = sorted(q for (q, _), c in zip(slots, changed) if c and q != path)
-            for (q, u), s in zip(slots, snaps):
+            # what the write reached is restored (every slot, where the write raised midway)
+            reached = changed if isinstance(result[path], list) else [True] * len(slots)
+            for (q, u), s, c in zip(slots, snaps, reached):
+                if not c:
+                    continue
                 try:
                     u.copy_(s)
                 except Exception:  # noqa: BLE001 - overlapping memory: restored through its base
                     pass
-        for (q, _), c in zip(slots, _changed(slots, snaps)):
+        for (q, _), c in zip(slots, _changed(slots, before)):
             if c:
                 raise HarnessError(f"probe could not restore {q}")
     return result
