@@ -137,7 +137,7 @@ _DEFERRED: list | None = None  # value comparisons waiting for one batched check
 
 def _flat_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The tensors' elements as one row of bytes, in order (copies where memory is not contiguous)."""
-    return torch.cat([t.detach().reshape(-1).view(torch.uint8) for t in tensors])
+    return torch.cat([t.detach().reshape(-1).contiguous().view(torch.uint8) for t in tensors])
 
 
 class _Bytes:
