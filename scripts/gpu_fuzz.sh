@@ -1,35 +1,53 @@
 #!/usr/bin/env bash
-# The long differential run on a GPU: many pytest workers, each fuzzing one focus of
+# The long differential run on a GPU: pytest workers, each fuzzing one focus of
 # tests/test_differential.py with real CUDA graphs and its own seed, for a fixed time.
-# Each worker prints "[differential] <focus>: N cases run"; the total is summed at the end.
+# Each worker rewrites $OUT/progressN.txt every 100 cases (so a run cut short still counts)
+# and prints "[differential] <focus>: N cases run" when it stops; the total is summed at the end.
 # Usage (device tool, carry .whl): bash scripts/gpu_fuzz.sh SECONDS [WORKERS]   (GM_FUZZ_SEED_BASE: other seeds)
-# Few workers: processes time-slice one GPU, and every host sync of one waits for the
-# others' slices (2026-11-23, H100: 14 workers ran 10.6 cases/s in all, 5 workers 9.8/s,
-# one worker alone about 16/s under cProfile). Each worker also spends ~20 s importing.
+# 2026-11-24, H100: one worker alone ran about 60 cases/s; four together about 10/s each
+# (processes time-slice one GPU). Each worker also spends ~20 s importing.
+# A worker still running at SECONDS gets SIGUSR1 (its stacks into its log), then SIGINT,
+# then SIGKILL 20 s later: a hung case shows where it hangs and cannot hold the device call.
 set -u
 seconds=${1:-300}
 workers=${2:-2}
 OUT=${OUT:-/tmp/graphmodule-fuzz}
-mkdir -p "$OUT" /tmp/gm-fuzz
-rm -f /tmp/gm-fuzz/worker*.log  # a warm machine keeps the last run's logs
+mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/tensordict ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-focuses=(mixed tensordict aliasing mutation outputs signature)
+focuses=(${GM_FUZZ_FOCUSES:-mixed tensordict aliasing mutation outputs signature})
+pids=()
 for ((i = 0; i < workers; i++)); do
   focus=${focuses[$((i % ${#focuses[@]}))]}
-  GM_FUZZ_BACKEND=${GM_FUZZ_BACKEND:-cuda} GM_FUZZ_SEED=$((${GM_FUZZ_SEED_BASE:-1000} + i)) GM_FUZZ_EXAMPLES=1000000 \
-    timeout -s INT "$seconds" python3 -m pytest -q -s -p no:cacheprovider \
+  rm -f "$OUT/progress$i.txt" "$OUT/worker$i.log"
+  GM_FUZZ_PROGRESS="$OUT/progress$i.txt" GM_FUZZ_BACKEND=${GM_FUZZ_BACKEND:-cuda} \
+    GM_FUZZ_SEED=$((${GM_FUZZ_SEED_BASE:-1000} + i)) GM_FUZZ_EXAMPLES=1000000 \
+    timeout -k 20 -s INT "$seconds" python3 -m pytest -q -s -p no:cacheprovider \
     -o addopts="--strict-markers --benchmark-disable" "tests/test_differential.py::test_fuzz[$focus]" \
-    > "/tmp/gm-fuzz/worker$i.log" 2>&1 &
+    > "$OUT/worker$i.log" 2>&1 &
+  pids+=($!)
 done
-wait
-cat /tmp/gm-fuzz/worker*.log > "$OUT/fuzz.log"
-python3 - "$OUT/fuzz.log" <<'PY' | tee "$OUT/fuzz-summary.txt"
-import re, sys
-text = open(sys.argv[1]).read()
-counts = [int(n) for n in re.findall(r"\[differential\] \S+: (\d+) cases run", text)]
-failures = len(re.findall(r"differential failure", text))
-print(f"workers reporting: {len(counts)}, cases run: {sum(counts)}, differential failures: {failures}")
+( sleep $((seconds - 3)); pkill -USR1 -f "^[^ ]*python3 -m pytest .*test_differential.py::test_fuzz" ) &
+watchdog=$!
+wait "${pids[@]}"
+kill "$watchdog" 2>/dev/null
+python3 - "$OUT" "$workers" <<'PY' | tee "$OUT/fuzz-summary.txt"
+import os, re, sys
+out, workers = sys.argv[1], int(sys.argv[2])
+total = failures = 0
+for i in range(workers):
+    log = open(os.path.join(out, f"worker{i}.log"), errors="replace").read()
+    done = re.findall(r"\[differential\] (\S+): (\d+) cases run", log)
+    path = os.path.join(out, f"progress{i}.txt")
+    progress = re.findall(r"\[differential\] (\S+): (\d+) cases run", open(path).read()) if os.path.exists(path) else []
+    focus, n = (done or progress or [("?", "0")])[-1]
+    failed = len(re.findall(r"differential failure", log))
+    hung = "Thread 0x" in log and not done
+    total += int(n)
+    failures += failed
+    print(f"worker {i} ({focus}): {n} cases{' (ended, count from progress: hung or killed)' if not done else ''}"
+          f"{', ' + str(failed) + ' differential failures' if failed else ''}{', stacks dumped' if hung else ''}")
+print(f"workers: {workers}, cases run: {total}, differential failures: {failures}")
 PY

@@ -41,6 +41,12 @@ SEED = os.environ.get("GM_FUZZ_SEED")
 ALL_BUGS = os.environ.get("GM_FUZZ_ALL_BUGS", "0") == "1"
 SHRINK_RUNS = int(os.environ.get("GM_FUZZ_SHRINK_RUNS", "200"))  # bounds the time a failure takes
 PROFILE = os.environ.get("GM_FUZZ_PROFILE")  # a path: cProfile of the cases after the 20th, written there
+PROGRESS = os.environ.get("GM_FUZZ_PROGRESS")  # a path: the count so far, rewritten every 100 cases
+if PROGRESS:  # a long run's stacks on SIGUSR1 (scripts/gpu_fuzz.sh sends it before stopping a worker)
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 # share of GM_FUZZ_EXAMPLES per fuzz test
 SHARES = {
@@ -86,6 +92,9 @@ def run_fuzz(name: str, strategy, check, n: float, backend: str, device: str, ca
         count[0] += 1
         if profiler is not None and count[0] == 20:  # imports and first captures done
             profiler.enable()
+        if PROGRESS and count[0] % 100 == 0:
+            with open(PROGRESS, "w") as f:
+                f.write(f"[differential] {name}: {count[0]} cases run (backend={backend}, in progress)\n")
         try:
             check(case, backend, device)
         except Exception as exc:
@@ -779,3 +788,18 @@ def test_the_harness_sees_a_planted_difference(monkeypatch, bug):
     kinds = {d.kind for d in outcome.diffs}
     assert ("output:value" if bug == "value" else "output:identity") in kinds or \
            any(k.endswith("aliasing") for k in kinds), outcome.report() if outcome.diffs else "no difference found"
+
+
+def test_the_referee_compares_bits_of_any_layout():
+    """Strided, one-element, expanded, complex, empty and 0-dim tensors: a changed bit is
+    seen, an unchanged tensor is not (found on the GPU fuzz: a one-element view of stride 2)."""
+    from tests.differential.oracle import _Bytes
+
+    x = torch.arange(8.0)
+    c = torch.randn(3, 2, dtype=torch.cfloat).t()
+    tensors = [x[::2], x[::2][1:2], torch.ones(1).expand(3), c, torch.zeros(0), torch.tensor(-0.0)]
+    before = _Bytes([t.clone() for t in tensors])
+    assert before.differs(tensors) == [False] * 6
+    x[2] += 1  # element 1 of x[::2], the one element of x[::2][1:2]
+    tensors[5].neg_()  # -0.0 -> 0.0: equal as numbers, not as bits
+    assert before.differs(tensors) == [True, True, False, False, False, True]

@@ -135,9 +135,16 @@ def _dist_attrs(d: torch.distributions.Distribution) -> list[str]:
 _DEFERRED: list | None = None  # value comparisons waiting for one batched check
 
 
+def _row(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().reshape(-1)
+    if flat.stride(0) != 1:  # a strided view (one element of stride 2 counts as contiguous)
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
+
+
 def _flat_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The tensors' elements as one row of bytes, in order (copies where memory is not contiguous)."""
-    return torch.cat([t.detach().reshape(-1).contiguous().view(torch.uint8) for t in tensors])
+    return torch.cat([_row(t) for t in tensors])
 
 
 class _Bytes:
