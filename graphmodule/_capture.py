@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import threading
 import time
-import traceback
 import warnings
 from typing import Any, Callable, Protocol
 
@@ -34,6 +33,7 @@ CAPTURE_ERROR_MODES = ("thread_local", "global", "relaxed")
 
 _LOCAL = threading.local()
 _CAPTURE_LOCK = threading.RLock()
+_FAILED = [False]  # a capture failed since the last full collection (see CudaRunner._capture)
 # captures in progress: the CUDA random generator is shared by all threads, and a graph
 # replayed or a random op run eagerly in another thread while one captures breaks both
 _ACTIVE = [0]
@@ -200,8 +200,10 @@ class CudaRunner:
             # No collector run during capture: a graph destroyed by the collector while
             # another is capturing breaks that capture (tensordict#1804). A full collection
             # before capture (torch.cuda.graph's force_cudagraph_gc) costs some 100 ms in a
-            # program with tensordict imported, and runs only where torch is told to.
-            if getattr(getattr(torch.compiler, "config", None), "force_cudagraph_gc", False):
+            # program with tensordict imported: it runs where torch is told to, and after a
+            # failed capture, whose garbage must not meet a capture (see below).
+            if _FAILED[0] or getattr(getattr(torch.compiler, "config", None), "force_cudagraph_gc", False):
+                _FAILED[0] = False
                 gc.collect()
             reserved = torch.cuda.memory_reserved(self.device)
             gc_was_enabled = gc.isenabled()
@@ -245,16 +247,13 @@ class CudaRunner:
             if body_error is not None or end_error is not None:
                 original = body_error if body_error is not None else end_error
                 self._recover(graph)
-                error = diagnose(owner, original, end_error)
-                # What the failed capture allocated (the graph, tensors its frames hold) must
-                # die here, with no capture running: left to the collector, it was freed at
-                # some later point and aborted the process there (a later capture, GPU run).
-                del graph, out
-                for exc in (body_error, end_error):
-                    if exc is not None:
-                        traceback.clear_frames(exc.__traceback__)
-                gc.collect()
-                raise error from original
+                # What the failed capture allocated (the graph, tensors its frames hold) lives
+                # in reference cycles through the error's traceback. Freed by the collector in
+                # the middle of a later capture, it aborted the process (GPU, 2026-11-24);
+                # collected right here, it once hung. Collected before the next capture
+                # starts, as torch.cuda.graph does before each one, it is neither.
+                _FAILED[0] = True
+                raise diagnose(owner, original, end_error) from original
             if empty:
                 graph = _EmptyGraph()
             elif self.debug:
