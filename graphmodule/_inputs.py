@@ -114,7 +114,10 @@ def _copy(dests: list, sources: list) -> None:
         dests, sources = [d for d, _ in pairs], [s for _, s in pairs]
         if not dests:
             return
-    torch._foreach_copy_(dests, sources)
+    if len(dests) == 1:  # one tensor (a policy's observation): copy_ skips foreach's setup
+        dests[0].copy_(sources[0])
+    else:
+        torch._foreach_copy_(dests, sources)
 
 
 class StaticInputs:
