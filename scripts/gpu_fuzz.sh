@@ -6,8 +6,10 @@
 # Usage (device tool, carry .whl): bash scripts/gpu_fuzz.sh SECONDS [WORKERS]   (GM_FUZZ_SEED_BASE: other seeds)
 # 2026-11-24, H100: one worker alone ran about 60 cases/s; four together about 10/s each
 # (processes time-slice one GPU). Each worker also spends ~20 s importing.
-# A worker still running at SECONDS gets SIGUSR1 (its stacks into its log), then SIGINT,
-# then SIGKILL 20 s later: a hung case shows where it hangs and cannot hold the device call.
+# Each worker stops itself 40 s before SECONDS (GM_FUZZ_SECONDS: imports take ~20 s); one still
+# running at SECONDS gets SIGUSR1 (its stacks into its log), then SIGINT, then SIGKILL 20 s
+# later: a hung case shows where it hangs and cannot hold the device call. (A worker that
+# stops itself ends its log with hypothesis printing the case it was on: not a failure.)
 set -u
 seconds=${1:-300}
 workers=${2:-2}
@@ -22,7 +24,7 @@ pids=()
 for ((i = 0; i < workers; i++)); do
   focus=${focuses[$((i % ${#focuses[@]}))]}
   rm -f "$OUT/progress$i.txt" "$OUT/worker$i.log"
-  GM_FUZZ_PROGRESS="$OUT/progress$i.txt" GM_FUZZ_BACKEND=${GM_FUZZ_BACKEND:-cuda} \
+  GM_FUZZ_SECONDS=$((seconds - 40)) GM_FUZZ_PROGRESS="$OUT/progress$i.txt" GM_FUZZ_BACKEND=${GM_FUZZ_BACKEND:-cuda} \
     GM_FUZZ_SEED=$((${GM_FUZZ_SEED_BASE:-1000} + i)) GM_FUZZ_EXAMPLES=1000000 \
     timeout -k 20 -s INT "$seconds" python3 -m pytest -q -s -p no:cacheprovider \
     -o addopts="--strict-markers --benchmark-disable" "tests/test_differential.py::test_fuzz[$focus]" \
@@ -47,7 +49,7 @@ for i in range(workers):
     hung = "Thread 0x" in log and not done
     total += int(n)
     failures += failed
-    print(f"worker {i} ({focus}): {n} cases{' (ended, count from progress: hung or killed)' if not done else ''}"
+    print(f"worker {i} ({focus}): {n} cases{' (did not stop by itself: count from its progress file)' if not done else ''}"
           f"{', ' + str(failed) + ' differential failures' if failed else ''}{', stacks dumped' if hung else ''}")
 print(f"workers: {workers}, cases run: {total}, differential failures: {failures}")
 PY

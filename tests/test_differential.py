@@ -25,6 +25,7 @@ sequence, and each difference with the eager and the wrapped value.
 """
 
 import os
+import time
 from textwrap import dedent
 
 import pytest
@@ -42,6 +43,7 @@ ALL_BUGS = os.environ.get("GM_FUZZ_ALL_BUGS", "0") == "1"
 SHRINK_RUNS = int(os.environ.get("GM_FUZZ_SHRINK_RUNS", "200"))  # bounds the time a failure takes
 PROFILE = os.environ.get("GM_FUZZ_PROFILE")  # a path: cProfile of the cases after the 20th, written there
 PROGRESS = os.environ.get("GM_FUZZ_PROGRESS")  # a path: the count so far, rewritten every 100 cases
+SECONDS = float(os.environ.get("GM_FUZZ_SECONDS", "0"))  # > 0: stop a fuzz test cleanly after this long
 if PROGRESS:  # a long run's stacks on SIGUSR1 (scripts/gpu_fuzz.sh sends it before stopping a worker)
     import faulthandler
     import signal
@@ -78,6 +80,7 @@ def run_fuzz(name: str, strategy, check, n: float, backend: str, device: str, ca
     """Run ``check`` on ``n`` generated cases; when one fails, shrink it within SHRINK_RUNS more runs."""
     n = max(1, round(n))
     budget = n + SHRINK_RUNS
+    deadline = time.monotonic() + SECONDS if SECONDS > 0 else None
     count = [0]
     failures: dict[str, BaseException] = {}
 
@@ -89,6 +92,9 @@ def run_fuzz(name: str, strategy, check, n: float, backend: str, device: str, ca
             raise failures[key]
         if count[0] >= budget:  # shrinking budget spent: keep the smallest failure found so far
             return
+        if deadline is not None and time.monotonic() > deadline and not failures:
+            # a long run's time is up: end the session cleanly (a signal may land mid-capture)
+            pytest.exit(f"GM_FUZZ_SECONDS={SECONDS:g} reached", returncode=0)
         count[0] += 1
         if profiler is not None and count[0] == 20:  # imports and first captures done
             profiler.enable()
