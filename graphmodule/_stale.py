@@ -271,10 +271,10 @@ class Watch:
     def changes(self) -> list[tuple[str, str]]:
         """What changed, for the message (the slow path)."""
         out = []
-        tensors = iter(self._tensors)
+        facts = iter(self._tfacts)  # as at capture (a `.data =` since changed the object's own)
         for places, what_changed in ((self._t, _tensor_change), (self._o, _object_change), (self._v, _value_change)):
             for container, key, captured, label in zip(*places):
-                extra = (next(tensors),) if places is self._t else ()
+                extra = (next(facts),) if places is self._t else ()
                 try:
                     now = getitem(container, key)
                 except (KeyError, IndexError, ValueError):
@@ -300,12 +300,12 @@ def _data_ptrs_equal(tensors: list, ptrs: list, index: list) -> bool:
 _same_addresses = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None) or _data_ptrs_equal
 
 
-def _tensor_change(now: Any, ptr: int, captured: torch.Tensor) -> str | None:
+def _tensor_change(now: Any, ptr: int, facts: tuple) -> str | None:
     if not isinstance(now, torch.Tensor) or _data_ptr(now) != ptr:
         return "another tensor (the graph reads the old one's memory)"
-    if _facts(now) != _facts(captured):
+    if _facts(now) != facts:
         return (f"another view of the same memory (shape {list(now.shape)}, stride {now.stride()}; the graph "
-                f"reads it as shape {list(captured.shape)}, stride {captured.stride()})")
+                f"reads it as shape {list(facts[1])}, stride {facts[2]})")
     return None
 
 
