@@ -4,8 +4,8 @@
 # Each worker rewrites $OUT/progressN.txt every 100 cases (so a run cut short still counts)
 # and prints "[differential] <focus>: N cases run" when it stops; the total is summed at the end.
 # Usage (device tool, carry .whl): bash scripts/gpu_fuzz.sh SECONDS [WORKERS]   (GM_FUZZ_SEED_BASE: other seeds)
-# 2026-11-24, H100: one worker alone ran about 60 cases/s; four together about 10/s each
-# (processes time-slice one GPU). Each worker also spends ~20 s importing.
+# 2026-11-24, H100: one worker alone ran 15-22 cases/s, two 25/s together, four about 10/s
+# each. Each worker also spends ~20 s importing.
 # Each worker stops itself 40 s before SECONDS (GM_FUZZ_SECONDS: imports take ~20 s); one still
 # running at SECONDS gets SIGUSR1 (its stacks into its log), then SIGINT, then SIGKILL 20 s
 # later: a hung case shows where it hangs and cannot hold the device call. (A worker that
@@ -18,7 +18,10 @@ mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/tensordict ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# One intra-op thread per worker: the harness's CPU tensors are tiny, and torch's default (one
+# thread per core in every worker) oversubscribes the cores, which may be what stopped workers
+# from scaling (not tried on a GPU yet; the time-slicing explanation above is not proven either).
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 focuses=(${GM_FUZZ_FOCUSES:-mixed tensordict aliasing mutation outputs signature})
 pids=()
 for ((i = 0; i < workers; i++)); do
