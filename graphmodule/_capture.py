@@ -208,65 +208,70 @@ class CudaRunner:
             reserved = torch.cuda.memory_reserved(self.device)
             gc_was_enabled = gc.isenabled()
             gc.disable()
-            # debug: keep the cudaGraph_t beside the executable graph, so that
-            # debug_dump has a structure to print (without it torch drops it at capture_end)
-            graph = torch.cuda.CUDAGraph(keep_graph=True) if self.debug else torch.cuda.CUDAGraph()
-            if self.debug:
-                graph.enable_debug_mode()
-            body_error: BaseException | None = None
-            end_error: BaseException | None = None
-            out = None
-            self.stream.wait_stream(caller)
-            _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
-            empty = False
+            # the collector stays off until the new graph has run once: a collection between
+            # capture_end and the first replay freed a failed capture's objects and aborted
             try:
-                with torch.cuda.stream(self.stream):
-                    try:
-                        graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode)
-                    except BaseException as exc:  # noqa: BLE001 - a capture that never started
-                        body_error = exc
-                    else:
+                # debug: keep the cudaGraph_t beside the executable graph, so that
+                # debug_dump has a structure to print (without it torch drops it at capture_end)
+                graph = torch.cuda.CUDAGraph(keep_graph=True) if self.debug else torch.cuda.CUDAGraph()
+                if self.debug:
+                    graph.enable_debug_mode()
+                body_error: BaseException | None = None
+                end_error: BaseException | None = None
+                out = None
+                self.stream.wait_stream(caller)
+                _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+                empty = False
+                try:
+                    with torch.cuda.stream(self.stream):
                         try:
-                            out = body()
-                        except BaseException as exc:  # noqa: BLE001 - re-raised below
+                            graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode)
+                        except BaseException as exc:  # noqa: BLE001 - a capture that never started
                             body_error = exc
-                        finally:
+                        else:
                             try:
-                                with warnings.catch_warnings(record=True) as seen:
-                                    warnings.simplefilter("always")
-                                    graph.capture_end()
-                                # a function that launches nothing (it returns views or inputs)
-                                empty = any("Graph is empty" in str(w.message) for w in seen)
-                            except BaseException as exc:  # noqa: BLE001
-                                end_error = exc
+                                out = body()
+                            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                                body_error = exc
+                            finally:
+                                try:
+                                    with warnings.catch_warnings(record=True) as seen:
+                                        warnings.simplefilter("always")
+                                        graph.capture_end()
+                                    # a function that launches nothing (it returns views or inputs)
+                                    empty = any("Graph is empty" in str(w.message) for w in seen)
+                                except BaseException as exc:  # noqa: BLE001
+                                    end_error = exc
+                finally:
+                    _LOCAL.depth -= 1
+                caller.wait_stream(self.stream)
+                if body_error is not None or end_error is not None:
+                    original = body_error if body_error is not None else end_error
+                    self._recover(graph)
+                    # What the failed capture allocated (the graph, tensors its frames hold) lives
+                    # in reference cycles through the error's traceback. Freed by the collector
+                    # between a later capture's end and its first replay, it aborted the process
+                    # (GPU, 2026-11-24). It is collected before the next capture starts, as
+                    # torch.cuda.graph does before each one, and the collector stays off from
+                    # there to that capture's first replay.
+                    _FAILED[0] = True
+                    raise diagnose(owner, original, end_error) from original
+                if empty:
+                    graph = _EmptyGraph()
+                else:
+                    if self.debug:
+                        graph.instantiate()  # keep_graph=True: capture_end left that to us
+                    _USED.add(self.pool)
+                    _LIVE[self.pool] = _LIVE.get(self.pool, 0) + 1
+                    graph._graphmodule_pool = self.pool
+                # a capture records without running: run once, so `out` holds this call's results
+                graph.replay()
+                # what this capture added to the memory held (segments a shared pool already
+                # had are not counted again)
+                self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
             finally:
-                _LOCAL.depth -= 1
                 if gc_was_enabled:
                     gc.enable()
-            caller.wait_stream(self.stream)
-            if body_error is not None or end_error is not None:
-                original = body_error if body_error is not None else end_error
-                self._recover(graph)
-                # What the failed capture allocated (the graph, tensors its frames hold) lives
-                # in reference cycles through the error's traceback. Freed by the collector in
-                # the middle of a later capture, it aborted the process (GPU, 2026-11-24);
-                # collected right here, it once hung. Collected before the next capture
-                # starts, as torch.cuda.graph does before each one, it is neither.
-                _FAILED[0] = True
-                raise diagnose(owner, original, end_error) from original
-            if empty:
-                graph = _EmptyGraph()
-            elif self.debug:
-                graph.instantiate()  # keep_graph=True: capture_end left that to us
-            else:
-                _USED.add(self.pool)
-                _LIVE[self.pool] = _LIVE.get(self.pool, 0) + 1
-                graph._graphmodule_pool = self.pool
-            # a capture records without running: run once, so `out` holds this call's results
-            graph.replay()
-            # what this capture added to the memory held (segments a shared pool already
-            # had are not counted again)
-            self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
         self.capture_seconds = time.perf_counter() - start
         return graph, out
 
