@@ -43,6 +43,11 @@ _LIVE: dict[Any, int] = {}
 _USED: set = set()
 
 
+def collect_before_next_capture() -> None:
+    """Objects of a failed capture became garbage: collect them before the next capture starts."""
+    _FAILED[0] = True
+
+
 def capturing() -> bool:
     """Whether this thread is inside a graphmodule capture (a wrapper called there runs inline)."""
     return getattr(_LOCAL, "depth", 0) > 0
@@ -254,7 +259,7 @@ class CudaRunner:
                     # (GPU, 2026-11-24). It is collected before the next capture starts, as
                     # torch.cuda.graph does before each one, and the collector stays off from
                     # there to that capture's first replay.
-                    _FAILED[0] = True
+                    collect_before_next_capture()
                     raise diagnose(owner, original, end_error) from original
                 if empty:
                     graph = _EmptyGraph()

@@ -26,7 +26,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
 
-from ._capture import capturing, make_runner
+from ._capture import capturing, collect_before_next_capture, make_runner
 from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys, sorted_kwargs
 from ._entry import Entry
@@ -256,6 +256,8 @@ class CudaGraphModule(WrapperSurface):
         """Drop every graph; the next calls warm up and capture again."""
         for entry in self._entries:
             entry.release()
+        if self._failure is not None:  # its traceback holds the failed capture's objects
+            collect_before_next_capture()
         self._reset_state()
 
     # -- calls -------------------------------------------------------------------------
