@@ -18,7 +18,10 @@ Environment:
   ``eager`` (a self-check of the oracle: no graph, so only the wrapper's input checks can differ);
 - ``GM_FUZZ_SEED``: explore with this seed instead of the fixed, derandomized one;
 - ``GM_FUZZ_SHRINK_RUNS``: runs spent shrinking a failure (default 200, 5 to 20 s per failing test);
-- ``GM_FUZZ_ALL_BUGS=1``: shrink one repro per kind of difference, not just the first (slow).
+- ``GM_FUZZ_ALL_BUGS=1``: shrink one repro per kind of difference, not just the first (slow);
+- ``GM_FUZZ_SECONDS``: stop each fuzz test cleanly after this long (long runs);
+- ``GM_FUZZ_PROGRESS``: a file rewritten with the count every 100 cases (and stacks on SIGUSR1);
+- ``GM_FUZZ_PROFILE``: a file for a cProfile of the cases after the 20th.
 
 A failure prints the case as a script (paste it after the header to reproduce), the call
 sequence, and each difference with the eager and the wrapped value.
