@@ -3,6 +3,7 @@
     python benchmarks/programs.py --out results/programs            # on a GPU
     python benchmarks/programs.py --smoke --out /tmp/programs       # tiny sizes, anywhere
     python benchmarks/programs.py --paired 10 --programs td3,sac --out results/paired   # A/B in one process
+    python benchmarks/programs.py --interleaved 20 --programs td3,sac --out results/ab  # A/B in one run
 
 The programs are those of ``tests/programs`` (PPO with a closure update or a
 TensorDictModule update, SAC, TD3, a no-argument train step, the same compiled), each run
@@ -82,6 +83,17 @@ FULL = {
     "train_step": dict(steps=400),
     "train_step_compiled": dict(steps=400, compile=True),
 }
+# --interleaved: longer runs, and a burn-in long enough for both wrappers of every function to
+# capture while each function's calls alternate between them.
+INTERLEAVED = {
+    "ppo_closure": dict(steps=40, variant="closure", burnin=8),
+    "ppo_tdmodule": dict(steps=40, variant="tdmodule", burnin=8),
+    "sac": dict(steps=2140, learning_starts=100, burnin=40),
+    "td3": dict(steps=2140, learning_starts=100, burnin=40),
+    "train_step": dict(steps=1000),
+    "train_step_compiled": dict(steps=1000, compile=True),
+}
+BLOCK = {"ppo_closure": 1, "ppo_tdmodule": 1}  # iterations per block (others: --interleaved)
 # --smoke: tiny sizes, as in the CPU tests (compiled with dynamo's eager backend: no build).
 SMOKE = {
     "ppo_closure": dict(steps=3, variant="closure", num_envs=4, rollout=8, minibatch=16, epochs=2, hidden=32,
@@ -141,6 +153,116 @@ def instrumented(wrap, meter: Meter):
     return timed_wrap
 
 
+class Interleave:
+    """tensordict's wrapper and graphmodule's around every wrapped function of one run,
+    switched every ``block`` iterations of the measured part (the program's ``Clock.tick``):
+    the two share the run's modules, optimizers, buffers and environment, and every drift of
+    the machine (clocks, other tenants) falls on both. Before the measured part each function
+    alternates call by call, so both wrappers of it warm up and capture.
+
+    Per wrapper: the wall time of its blocks and the host time inside its calls.
+    """
+
+    NAMES = ("tensordict", "graphmodule")
+
+    def __init__(self, block: int, backend: str) -> None:
+        from programs.common import make_wrap
+
+        self.block, self.active = block, None
+        self.wraps = (make_wrap("tensordict"), make_wrap("graphmodule", backend=backend))
+        self.built: list = []
+        self.host, self.calls = [0.0, 0.0], [0, 0]
+        self.blocks: list[tuple[int, float, int]] = []  # (wrapper, seconds, steps)
+        self.t_block, self.steps_in_block, self.ticks = 0.0, 0, 0
+
+    def wrap(self, fn, **kwargs):
+        pair = (self.wraps[0](fn, **kwargs), self.wraps[1](fn, **kwargs))
+        self.built.append(pair)
+        counter = [0]
+
+        def call(*args, **kw):
+            which = self.active
+            if which is None:
+                which = counter[0] % 2
+                counter[0] += 1
+                return pair[which](*args, **kw)
+            t0 = time.perf_counter()
+            out = pair[which](*args, **kw)
+            self.host[which] += time.perf_counter() - t0
+            self.calls[which] += 1
+            return out
+
+        return call
+
+    def begin(self, clock) -> None:
+        self.active, self.t_block = 0, clock.start
+
+    def tick(self, clock, n: int) -> None:
+        if self.active is None:
+            return
+        self.steps_in_block += n
+        self.ticks += 1
+        if self.ticks % self.block == 0:
+            now = time.perf_counter()
+            self.blocks.append((self.active, now - self.t_block, self.steps_in_block))
+            self.active, self.t_block, self.steps_in_block = 1 - self.active, now, 0
+
+    def summary(self) -> dict:
+        out = {}
+        for i, name in enumerate(self.NAMES):
+            blocks = [(sec, steps) for w, sec, steps in self.blocks if w == i]
+            seconds, steps = sum(b[0] for b in blocks), sum(b[1] for b in blocks)
+            out[name] = {"blocks": len(blocks), "seconds": seconds, "steps": steps,
+                         "steps_per_s": steps / seconds if seconds else math.nan,
+                         "host_s": self.host[i], "calls": self.calls[i],
+                         "block_s": [b[0] / b[1] for b in blocks]}  # seconds per step, block by block
+        # each graphmodule block against the mean of its tensordict neighbours (drift cancels)
+        per = [(w, sec / steps) for w, sec, steps in self.blocks if steps]
+        ratios = []
+        for k, (w, v) in enumerate(per):
+            if w == 1:
+                near = [per[j][1] for j in (k - 1, k + 1) if 0 <= j < len(per) and per[j][0] == 0]
+                if near:
+                    ratios.append(statistics.fmean(near) / v)  # > 1: graphmodule's block was faster
+        out["gm_over_td_speed"] = ratios
+        return out
+
+
+def interleaved_run(program: str, config: dict, device, backend: str, block: int) -> dict:
+    import importlib
+
+    from programs import common
+
+    module, function = RUNNERS[program].split(".")
+    run = getattr(importlib.import_module(f"programs.{module}"), function)
+    inter = Interleave(block, backend)
+    def wrap(fn, **kwargs):
+        return inter.wrap(fn, **kwargs)
+
+    wrap.built = inter.built
+    begin, tick = common.Clock.begin, common.Clock.tick
+
+    def begin_(clock):
+        begin(clock)
+        inter.begin(clock)
+
+    def tick_(clock, n):
+        tick(clock, n)
+        inter.tick(clock, n)
+
+    common.Clock.begin, common.Clock.tick = begin_, tick_
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = run(wrap, device=device, seed=0, **config)
+    finally:
+        common.Clock.begin, common.Clock.tick = begin, tick
+    timing = result["timing"]
+    timing["interleaved"] = inter.summary()
+    timing["block"] = block
+    return timing
+
+
 def one_run(program: str, wrapper: str, config: dict, device, backend: str, profile: bool) -> dict:
     import importlib
 
@@ -194,6 +316,15 @@ def child(program: str, jobs: list[tuple[str, str]], smoke: bool, path: str) -> 
             os.abort()  # a crashing child, for this script's test
         done = {"wrapper": wrapper, "kind": kind}
         try:
+            if kind.startswith("interleaved"):
+                block = int(kind.split("=")[1]) if "=" in kind else 20
+                done["timing"] = interleaved_run(program, (SMOKE if smoke else INTERLEAVED)[program], device,
+                                                 "cuda" if cuda else "simulate", BLOCK.get(program, block))
+                report["done"].append(done)
+                with open(path + ".tmp", "w") as f:
+                    json.dump(report, f, default=str)
+                os.replace(path + ".tmp", path)
+                continue
             done["timing"] = one_run(program, wrapper, (SMOKE if smoke else FULL)[program], device,
                                      "cuda" if cuda else "simulate", kind == "profile")
         except Exception as exc:  # noqa: BLE001 - recorded, the parent goes on
@@ -293,6 +424,51 @@ def run_all(programs, rounds: int, args) -> tuple[dict, dict | None, int]:
     return results, environment, children
 
 
+def run_interleaved(programs, block: int, args) -> tuple[dict, dict | None, int]:
+    """One child per program making one interleaved run (see ``Interleave``)."""
+    results, environment = {}, None
+    for program in programs:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "runs.json")
+            code, output = run_child([os.path.abspath(__file__), "--one", program, "--jobs",
+                                      f"ab:interleaved={block}", "--json", path]
+                                     + (["--smoke"] if args.smoke else []), args.timeout)
+            report = {"done": []}
+            if os.path.exists(path):
+                with open(path) as f:
+                    report = json.load(f)
+        environment = report.get("environment", environment)
+        done = report["done"][0] if report["done"] else {}
+        if "timing" in done:
+            results[program] = done["timing"]
+            inter = done["timing"]["interleaved"]
+            print(f"  {program:20s} " + "  ".join(f"{name} {inter[name]['steps_per_s']:10.1f}/s"
+                                               for name in Interleave.NAMES), flush=True)
+        else:
+            gist = done.get("error") or f"child {how_it_ended(code, args.timeout)}: {last_lines(output)}"
+            results[program] = {"error": gist[:300], "detail": done.get("detail", output[-4000:])}
+            print(f"  {program:20s} FAILED {results[program]['error']}", flush=True)
+    return results, environment, len(programs)
+
+
+def interleaved_table(results: dict) -> str:
+    lines = ["| program | block (iterations) | blocks td / gm | steps/s td | steps/s gm | gm/td (whole) "
+             "| gm/td, median of each gm block against its td neighbours | host in wrapped µs/step td / gm |",
+             "|---|---|---|---|---|---|---|---|"]
+    for program, timing in results.items():
+        if "error" in timing:
+            lines.append(f"| {program} | failed: {timing['error'].replace('|', '/')} | | | | | | |")
+            continue
+        inter = timing["interleaved"]
+        td, gm = inter["tensordict"], inter["graphmodule"]
+        ratios = inter["gm_over_td_speed"]
+        host = " / ".join(fmt(w["host_s"] / w["steps"] * 1e6 if w["steps"] else math.nan) for w in (td, gm))
+        lines.append(f"| {program} | {timing['block']} | {td['blocks']} / {gm['blocks']} | {fmt(td['steps_per_s'])} "
+                     f"| {fmt(gm['steps_per_s'])} | {fmt(gm['steps_per_s'] / td['steps_per_s'], 3)}x "
+                     f"| {fmt(statistics.median(ratios), 3) if ratios else '—'}x | {host} |")
+    return "\n".join(lines)
+
+
 def paired_table(results: dict) -> str:
     """graphmodule's steps/s over tensordict's, pair by pair (runs made in turn in one process)."""
     lines = ["| program | pairs | gm/td per pair | median gm/td |", "|---|---|---|---|"]
@@ -347,6 +523,9 @@ def main(argv=None) -> int:
     parser.add_argument("--paired", type=int, default=0, metavar="N",
                         help="instead of rounds: per program one child running tensordict and graphmodule "
                              "in turn N times (no eager run); the table adds each pair's ratio")
+    parser.add_argument("--interleaved", type=int, default=0, metavar="K",
+                        help="instead of rounds: per program one run with both wrappers around every function, "
+                             "switched every K iterations of the measured part (PPO: every iteration)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if any run failed")
     parser.add_argument("--timeout", type=float, default=240, help="seconds a child process may take (default 240)")
     parser.add_argument("--one", metavar="PROGRAM", help="(a child process) make runs of PROGRAM here")
@@ -364,6 +543,21 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown programs {sorted(unknown)}; choose from {list(RUNNERS)}")
     rounds = 0 if args.smoke else args.rounds
+    if args.interleaved:
+        t0 = time.perf_counter()
+        results, env, children = run_interleaved(programs, args.interleaved, args)
+        md = interleaved_table(results)
+        print("\n" + md)
+        os.makedirs(args.out, exist_ok=True)
+        record = {"environment": env or {"python": platform.python_version()}, "smoke": args.smoke,
+                  "interleaved": args.interleaved, "wall_s": time.perf_counter() - t0,
+                  "sizes": {p: (SMOKE if args.smoke else INTERLEAVED)[p] for p in programs}, "results": results}
+        with open(os.path.join(args.out, "interleaved.json"), "w") as f:
+            json.dump(record, f, indent=1, default=str)
+        with open(os.path.join(args.out, "interleaved.md"), "w") as f:
+            f.write(md + "\n")
+        failed = [p for p, t in results.items() if "error" in t]
+        return 1 if args.strict and failed else 0
     isolation = ("one child process per program (--smoke)" if args.smoke else
                  f"one child process per program, tensordict and graphmodule in turn {args.paired} times"
                  if args.paired else
