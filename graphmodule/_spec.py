@@ -103,6 +103,15 @@ class InputSpec:
         self.n_positional = (
             n if self.all_tensors and not layout.slots and layout.treespec == flat_positional else -1
         )
+        # captured with arguments that are each one leaf (tensors, scalars), some passed by
+        # keyword (``policy(obs=obs)``): the leaves are the arguments, in the captured order
+        self.flat_call = None
+        if not layout.slots and n and all(len(p) == 2 for p in layout.paths):
+            n_args = sum(1 for p in layout.paths if p[0] == 0)
+            names = tuple(p[1] for p in layout.paths if p[0] == 1)
+            if names and len(layout.paths) == n_args + len(names) and layout.treespec == flatten(
+                    (tuple(range(n_args)), dict.fromkeys(names, 0)))[1]:
+                self.flat_call = (n_args, names)
         # captured with one TensorDict as the only argument (a TensorDict module's call)
         self.lone_slot = (
             layout.slots[0]
@@ -145,6 +154,14 @@ class InputSpec:
             leaves = self.lone_slot.read(obj) if is_slot_value(obj) else None
             if leaves is not None and self.matches(leaves):
                 return leaves, {0: obj}
+            return None
+        flat_call = self.flat_call
+        if flat_call is not None and len(args) == flat_call[0] and tuple(kwargs) == flat_call[1]:
+            # each argument one leaf, keywords in the captured order: no flatten; a
+            # container where a leaf was captured fails the leaf checks
+            leaves = (*args, *kwargs.values())
+            if self.matches(leaves):
+                return leaves, NO_TDS
             return None
         split = self.layout.leaves((args, kwargs))
         if split is not None and self.matches(split[0]):

@@ -157,3 +157,61 @@ class TestUsableAfterAnError:
                 g(bad)
         torch.testing.assert_close(g(torch.ones(2)), torch.full((2,), 2.0))
         assert g.stats.input_mismatches == 3
+
+
+class TestFlatCallReader:
+    """The flat-call fast path (each argument one leaf, some by keyword) must decide exactly
+    as the flattening reader does, on matching and on mismatching calls."""
+
+    @staticmethod
+    def _spec(args, kwargs):
+        from graphmodule._spec import InputSpec
+        from graphmodule._tree import Layout
+
+        tree = (args, kwargs)
+        layout = Layout.capture(tree, {})
+        return InputSpec(layout, layout.leaves(tree)[0])
+
+    @staticmethod
+    def _slow(spec, args, kwargs):
+        split = spec.layout.leaves((args, kwargs))
+        return split is not None and spec.matches(split[0])
+
+    def test_policy_called_by_keyword_takes_the_fast_path(self):
+        obs = torch.zeros(4, 3)
+        spec = self._spec((), {"obs": obs})
+        assert spec.flat_call == (0, ("obs",))
+        leaves, _ = spec.match((), {"obs": torch.ones(4, 3)})
+        assert leaves[0].shape == (4, 3)
+
+    @pytest.mark.parametrize("call", [
+        ((), {"obs": torch.zeros(4, 3)}),                       # same
+        ((), {"obs": torch.zeros(5, 3)}),                       # shape
+        ((), {"obs": torch.zeros(4, 3, dtype=torch.float64)}),  # dtype
+        ((), {"obs": [torch.zeros(4, 3)]}),                     # a container for a leaf
+        ((), {"obs": None}),                                    # None for a leaf
+        ((), {"obs": 3}),                                       # a constant for a tensor
+        ((torch.zeros(4, 3),), {}),                             # positional instead
+        ((), {"obs": torch.zeros(4, 3), "k": 2}),               # an extra keyword
+    ])
+    def test_one_keyword_tensor(self, call):
+        spec = self._spec((), {"obs": torch.zeros(4, 3)})
+        assert (spec.match(*call) is not None) == self._slow(spec, *call)
+
+    @pytest.mark.parametrize("call", [
+        ((torch.zeros(2),), {"a": torch.zeros(3), "n": 5}),
+        ((torch.zeros(2),), {"n": 5, "a": torch.zeros(3)}),     # keyword order changed
+        ((torch.zeros(2),), {"a": torch.zeros(3), "n": 6}),     # constant changed
+        ((torch.zeros(2),), {"a": torch.zeros(3), "n": 5.0}),   # constant type changed
+        ((torch.zeros(2), torch.zeros(3)), {"n": 5}),
+        ((torch.zeros(2),), {"a": (torch.zeros(3),), "n": 5}),
+    ])
+    def test_positional_and_keywords_with_a_constant(self, call):
+        spec = self._spec((torch.zeros(2),), {"a": torch.zeros(3), "n": 5})
+        assert spec.flat_call == (1, ("a", "n"))
+        assert (spec.match(*call) is not None) == self._slow(spec, *call)
+
+    def test_containers_and_none_keep_the_flattening_reader(self):
+        assert self._spec((), {"obs": (torch.zeros(1),)}).flat_call is None
+        assert self._spec((), {"obs": torch.zeros(1), "h": None}).flat_call is None
+        assert self._spec((torch.zeros(1),), {}).flat_call is None  # positional: its own path
