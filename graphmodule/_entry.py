@@ -82,8 +82,13 @@ class Entry:
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
         self.inputs.copy_from(leaves)
+        lender = self.plan.lender
+        if lender is not None:
+            lender.before_replay()  # a result of the last call still held: moved to a copy
         self.runner.replay(self.handle)
         if self.single:
+            if lender is not None and lender.lending():
+                return lender.groups[0].templates[0][1].detach()
             out = self.plan.graph[0]
             return out.clone() if self.clone else out
         return self.finish(leaves, objs, tree)

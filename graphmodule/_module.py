@@ -86,9 +86,13 @@ class CudaGraphModule(WrapperSurface):
         device: the CUDA device of the graph; defaults to the current device.
 
     Keyword-only options:
-        outputs: ``"clone"`` (default): results are fresh tensors that later calls
-            never overwrite. ``"static"``: zero-copy, results are the graph's own
-            buffers, overwritten by the next call; copy what you keep.
+        outputs: ``"safe"`` (default): later calls never overwrite a result you hold,
+            at zero-copy cost when you do not hold it: results are the graph's own
+            buffers, and a result still held at the next call (or a view of it) is
+            moved to a copy just before the replay. ``"clone"``: every result is
+            copied at every call (for raw pointers, other streams, or graphs you
+            capture over the results). ``"static"``: zero-copy, results are the
+            graph's own buffers, overwritten by the next call; copy what you keep.
         capture_error_mode: passed to CUDA graph capture. ``"thread_local"``
             (default) lets other threads (data-loader pin-memory threads) use CUDA
             during a capture; ``"global"`` and ``"relaxed"`` as in torch.
@@ -139,7 +143,7 @@ class CudaGraphModule(WrapperSurface):
         out_keys: Any = None,
         device: torch.device | str | int | None = None,
         *,
-        outputs: str = "clone",
+        outputs: str = "safe",
         capture_error_mode: str = "thread_local",
         on_capture_failure: str = "raise",
         on_stale: str = "raise",
@@ -159,7 +163,8 @@ class CudaGraphModule(WrapperSurface):
         self.warmup = warmup
         self.in_keys, self.out_keys = resolve_keys(module, in_keys, out_keys)
         self._given_device = device
-        self._clone = outputs == "clone"
+        self._clone = outputs != "static"
+        self._lend = outputs == "safe"
         self._owner = f"CudaGraphModule({module_name(module)})"
         self._is_tensordict_module = self.in_keys is not None
         self._arg_names = ("tensordict",) if self._is_tensordict_module else ()
@@ -392,7 +397,7 @@ class CudaGraphModule(WrapperSurface):
             return self.module(*args, **kwargs)
         try:
             entry, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
-                              leaves=leaves, mode=mode, clone=self._clone, texts=texts, objs=objs,
+                              leaves=leaves, mode=mode, clone=self._clone, lend=self._lend, texts=texts, objs=objs,
                               eager_keys=self._warm_keys if not self._entries else None)
         except CaptureError as err:
             if err.cause != USER_ERROR:

@@ -31,6 +31,8 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_ten
 from torch import nn
 
 from ._inputs import Materialized, Span, StaticInputs, resolve, storage_base
+from ._lend import Lender
+from ._lend import available as lendable
 
 __all__ = ["PlanBuilder", "Plan", "build"]
 
@@ -169,11 +171,15 @@ class Plan:
     """What the graph produced, and how a call's result and effects are built from it.
 
     ``values(clone)`` gives this call's view of the graph's tensors: copies that later
-    calls never overwrite (``clone=True``), or the buffers themselves.
+    calls never overwrite (``clone=True``), or the buffers themselves; with a
+    ``lender`` (``outputs="safe"``), the buffers lent out, or copies after a rescue.
     """
 
-    def __init__(self, graph: list[Tensor], requires_grad: list[bool]):
+    def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False):
         self.graph = graph
+        # outputs="safe": the graph's buffers are lent out, and moved before a replay
+        # where a caller still holds them (see _lend)
+        self.lender = Lender(graph) if lend and graph and lendable() else None
         # outputs sharing memory (or overlapping themselves, as expanded tensors do) are
         # copied as one block of bytes, rebuilt with their strides
         groups: dict[int, list[int]] = {}
@@ -187,7 +193,10 @@ class Plan:
 
     def values(self, clone: bool) -> list[Tensor]:
         graph = self.graph
-        if not clone or not graph:
+        lender = self.lender
+        if lender is not None and lender.lending():
+            out = lender.values()
+        elif not clone or not graph:
             out = list(graph)
         elif not self.shared:
             if len(graph) == 1:

@@ -109,6 +109,7 @@ def record(
     mode: tuple,
     clone: bool,
     texts: list[str],
+    lend: bool = False,
     objs: dict | None = None,
     eager_keys: list | None = None,
 ) -> tuple[Entry, Materialized]:
@@ -146,7 +147,7 @@ def record(
         except Unsupported as exc:
             raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
                                    "TensorDicts, tensorclasses or plain objects holding them.") from None
-        plan = Plan(builder.graph, builder.graph_requires_grad)
+        plan = Plan(builder.graph, builder.graph_requires_grad, lend=lend)
     except BaseException:
         runner.release(handle)
         raise

@@ -2,7 +2,10 @@
 # The whole GPU check in one call of the device tool (see README "Testing on a GPU"):
 #   install the carried wheels, run every test file in its own process (a failed capture
 #   cannot poison the next file), then the benchmark; everything lands under $OUT.
-# Usage (device tool): bash scripts/gpu_check.sh [tests|bench|all]   (carry: .whl)
+# Usage (device tool): bash scripts/gpu_check.sh [tests|bench|programs|all|MODE+MODE...]   (carry: .whl)
+#   programs: graphmodule against tensordict's wrapper in the real programs, both wrappers in
+#   one run switched every 20 iterations (benchmarks/programs.py --interleaved).
+#   GM_TESTS: test files or folders to run (default: tests).
 set -u
 what=${1:-all}
 OUT=${OUT:-/tmp/graphmodule-gpu}
@@ -22,7 +25,8 @@ fi
 } | tee "$OUT/summary.txt"
 
 status=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
+has() { [ "$what" = all ] || [[ "+$what+" == *"+$1+"* ]]; }
+if has tests; then
   : > "$OUT/tests.log"
   mkdir -p /tmp/gm-logs
   # One process per file, 4 at a time: a capture that breaks CUDA state stays inside its
@@ -48,11 +52,15 @@ for line in open(sys.argv[1]):
 print("TOTAL:", ", ".join(f"{v} {k}" for k, v in sorted(tot.items())))
 PY
 fi
-if [ "$what" = profile ] || [ "$what" = all ]; then
+if has profile; then
   timeout 200 python3 benchmarks/profile_hot_path.py --calls 2000 > "$OUT/profile.txt" 2>&1
   grep -E "^==|wall" "$OUT/profile.txt"
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if has bench; then
   timeout 400 python3 benchmarks/compare.py --out "$OUT" 2>&1 | grep -v "^test_bench\[" | tail -n 14
+fi
+if has programs; then
+  timeout 300 python3 benchmarks/programs.py --interleaved 20 --programs ${GM_PROGRAMS:-td3,sac,ppo_tdmodule} \
+    --out "$OUT" 2>&1 | tail -n 8
 fi
 exit $status

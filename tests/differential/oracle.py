@@ -507,7 +507,7 @@ def signature(args: tuple, kwargs: dict) -> tuple:
     return body, same, alias
 
 
-def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs: str = "clone") -> Outcome:
+def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs: str = "safe") -> Outcome:
     """Make the case's call sequence in both worlds; the differences of the first call that has any."""
     ns = case.compile(device)
     fn = ns["fn"]
@@ -592,7 +592,7 @@ def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs
                 history.append((label, e_out, w_out))
         if diffs:
             return Outcome(case, backend, calls, diffs)
-    if outputs == "clone":
+    if outputs in ("safe", "clone"):
         diffs = []
         for label, e_out, w_out in history:
             found: list[Diff] = []

@@ -1,0 +1,125 @@
+"""Safe outputs at zero-copy speed: lend the graph's output buffers, move what callers keep.
+
+A replay writes its results into the same memory every time. ``outputs="clone"`` copies
+every result so that no later call overwrites what a caller holds; most callers drop
+their results before the next call (``action = policy(obs)``, then ``env.step(action)``),
+so most of those copies are wasted. The default, ``outputs="safe"``, instead hands out
+the graph's buffers themselves, through a storage of our own over their memory (a
+*lent* storage), and just before the next replay looks at each lent storage's use count
+(``torch._C._storage_Use_Count``: every tensor and view over it holds one):
+
+- nobody holds it (the count is what graphmodule itself holds): replay; nothing is copied;
+- a caller still holds a result, a view of one or a container with one: copy the bytes to
+  fresh memory and swap the two storages' memory (``UntypedStorage._swap_data_ptr_``), so
+  every tensor over the lent storage, the caller's views included, now reads the copy; the
+  graph's memory gets a new lent storage. Then replay.
+
+A wrapper whose caller keeps every result (a list of losses, a rollout of actions) would
+pay that rescue at every call, which costs more than a plain copy: after a rescue, the next
+:data:`COOLDOWN` calls return copies, then lending is tried again.
+
+What this cannot see: a raw address taken from a result (``data_ptr()``, DLPack,
+``__cuda_array_interface__``), work another stream has queued on a result without the
+caller's stream waiting for it, and a CUDA graph the caller captured over a result: those
+read the graph's memory, which the next call overwrites. Use ``outputs="clone"`` there.
+"""
+
+from __future__ import annotations
+
+from operator import ne
+from typing import Any
+
+import torch
+
+__all__ = ["Lender", "COOLDOWN", "available"]
+
+Tensor = torch.Tensor
+
+COOLDOWN = 32  # calls that return copies after a rescue
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+_over = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+
+
+def available() -> bool:
+    """Whether this torch has what lending needs (else results are cloned)."""
+    return _use_count is not None and _over is not None and hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+
+
+class _Group:
+    """The graph outputs over one storage, and the lent storage they are handed out on."""
+
+    __slots__ = ("members", "owner", "lent", "templates", "cdata", "base")
+
+    def __init__(self, members: list[tuple[int, Tensor]]) -> None:
+        self.members = members  # (output index, the graph's own tensor)
+        self.owner = members[0][1].untyped_storage()  # owns the graph's memory (kept alive)
+        self.lend(_over(self.owner.data_ptr(), self.owner.device, self.owner.nbytes()))
+
+    def lend(self, storage: torch.UntypedStorage) -> None:
+        """Hand out tensors over ``storage`` (a storage over the graph's memory, not owning it)."""
+        self.lent = storage
+        self.templates = [(j, _on(storage, t)) for j, t in self.members]
+        self.cdata = storage._cdata
+        self.base = _use_count(self.cdata)  # what graphmodule itself holds
+
+    def rescue(self) -> None:
+        """A caller holds tensors over the lent storage: give them a copy of its bytes."""
+        held = self.lent
+        fresh = torch.UntypedStorage(held.nbytes(), device=held.device)
+        fresh.copy_(held)  # queued before the replay that overwrites the graph's memory
+        held._swap_data_ptr_(fresh)  # the caller's tensors now read the copy...
+        self.lend(fresh)  # ...and ``fresh`` is over the graph's memory
+
+
+def _on(storage: torch.UntypedStorage, t: Tensor) -> Tensor:
+    """A tensor like ``t`` over ``storage`` (an inference tensor where ``t`` is one)."""
+    with torch.inference_mode(t.is_inference()), torch.no_grad():
+        out = torch.empty((0,), dtype=t.dtype, device=t.device)
+        return out.set_(storage, t.storage_offset(), t.shape, t.stride())
+
+
+class Lender:
+    """The lent outputs of one graph.
+
+    Per call: :meth:`before_replay` (rescue what callers hold), the replay, then
+    :meth:`lending` says whether this call's results are lent (:meth:`values`) or copied.
+    """
+
+    def __init__(self, graph: list[Tensor]) -> None:
+        groups: dict[int, list[tuple[int, Tensor]]] = {}
+        for j, t in enumerate(graph):
+            groups.setdefault(t.untyped_storage()._cdata, []).append((j, t))
+        self.groups = [_Group(members) for members in groups.values()]
+        self.n = len(graph)
+        self.cooldown = 0
+        self.rescues = 0
+
+    def before_replay(self) -> None:
+        if self.cooldown:  # the last results were copies: nothing is lent out
+            return
+        groups = self.groups
+        if len(groups) == 1:
+            g = groups[0]
+            if _use_count(g.cdata) == g.base:
+                return
+        elif not any(map(ne, map(_use_count, [g.cdata for g in groups]), [g.base for g in groups])):
+            return
+        for g in groups:
+            if _use_count(g.cdata) != g.base:
+                g.rescue()
+                self.rescues += 1
+        self.cooldown = COOLDOWN
+
+    def lending(self) -> bool:
+        if self.cooldown:
+            self.cooldown -= 1
+            return False
+        return True
+
+    def values(self) -> list[Any]:
+        out: list[Any] = [None] * self.n
+        for g in self.groups:
+            for j, template in g.templates:
+                out[j] = template.detach()
+        return out

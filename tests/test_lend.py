@@ -1,0 +1,157 @@
+"""outputs="safe" (the default): results lent at zero copy, moved when a caller keeps them.
+
+Each test holds results the way programs do (a variable, a view, a list, a TensorDict, the
+next call's input) across later calls and compares them with the eager function's results
+on the same inputs: nothing a caller holds may ever change. Simulated replays overwrite
+the graph's buffers as CUDA replays do; the ``cuda`` variants run real graphs.
+"""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from graphmodule import CudaGraphModule
+from graphmodule._lend import COOLDOWN, available
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch lacks the storage calls lending needs")
+
+
+def _entry(g):
+    return g._entries[0]
+
+
+def _captured(fn, *args, backend="simulate", **options):
+    g = CudaGraphModule(fn, warmup=1, backend=backend, **options)
+    g(*args)
+    g(*args)
+    assert g.state == "captured"
+    return g
+
+
+def f(x):
+    return x * 2 + 1
+
+
+def test_a_dropped_result_is_not_copied(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    lender = _entry(g).plan.lender
+    buffer = _entry(g).plan.graph[0]
+    for i in range(5):
+        out = g(torch.full((4,), float(i)))
+        assert out.data_ptr() == buffer.data_ptr()  # zero-copy: the graph's own memory
+        torch.testing.assert_close(out, f(torch.full((4,), float(i))))
+        del out
+    assert lender.rescues == 0
+
+
+def test_a_kept_result_keeps_its_value(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    xs = [torch.full((4,), float(i)) for i in range(COOLDOWN * 3)]
+    kept = [g(x) for x in xs]  # more calls than a cooldown: lent, rescued, copied, lent again
+    for x, out in zip(xs, kept):
+        torch.testing.assert_close(out, f(x))
+    assert _entry(g).plan.lender.rescues >= 2
+    assert len({t.data_ptr() for t in kept}) == len(kept)
+
+
+def test_a_kept_view_of_a_dropped_result_keeps_its_value(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    view = g(torch.ones(4))[1:3]  # the result itself is gone; its view is not
+    g(torch.full((4,), 7.0))
+    torch.testing.assert_close(view, f(torch.ones(4))[1:3])
+    view.fill_(-1)  # the caller's memory now: writing it does not reach the graph
+    torch.testing.assert_close(g(torch.ones(4)), f(torch.ones(4)))
+
+
+def test_results_kept_in_a_tensordict_keep_their_values(graph_backend):
+    g = _captured(lambda x: (x + 1, x.sum()), torch.zeros(3), backend=graph_backend)
+    rollout = []
+    for i in range(10):
+        a, s = g(torch.full((3,), float(i)))
+        rollout.append(TensorDict(a=a, s=s))
+    stacked = torch.stack(rollout)
+    expected = torch.stack([TensorDict(a=torch.full((3,), i + 1.0), s=torch.tensor(3.0 * i)) for i in range(10)])
+    assert (stacked == expected).all()
+
+
+def test_a_result_fed_back_as_the_next_input(graph_backend):
+    step = _captured(lambda h, x: torch.tanh(h * 0.9 + x), torch.zeros(3), torch.zeros(3), backend=graph_backend)
+    h, h_eager = torch.zeros(3), torch.zeros(3)
+    history = []
+    for i in range(50):
+        x = torch.full((3,), 0.1 * i)
+        h, h_eager = step(h, x), torch.tanh(h_eager * 0.9 + x)
+        history.append((h, h_eager))
+    for ours, eager in history:
+        torch.testing.assert_close(ours, eager)
+
+
+def test_results_that_alias_each_other_still_do_after_a_rescue(graph_backend):
+    def two_views(x):
+        y = x * 3
+        return y, y[1:]
+
+    g = _captured(two_views, torch.zeros(4), backend=graph_backend)
+    y, tail = g(torch.ones(4))
+    g(torch.zeros(4))  # y is held: rescued
+    y[1] = 100.0
+    assert tail[0].item() == 100.0  # still a view of y, as eagerly
+    torch.testing.assert_close(g(torch.ones(4))[0], torch.full((4,), 3.0))
+
+
+def test_writing_into_a_result_does_not_change_the_next_one(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    out = g(torch.ones(4))
+    out.add_(100)
+    again = g(torch.ones(4))
+    torch.testing.assert_close(again, f(torch.ones(4)))
+    torch.testing.assert_close(out, f(torch.ones(4)) + 100)
+
+
+def test_metadata_changes_on_a_result_do_not_reach_the_graph(graph_backend):
+    g = _captured(lambda x: x.reshape(2, 2) + 1, torch.zeros(4), backend=graph_backend)
+    out = g(torch.zeros(4))
+    out.t_()  # in place on the caller's tensor object
+    out.unsqueeze_(0)
+    del out
+    assert g(torch.zeros(4)).shape == (2, 2)
+
+
+def test_inference_mode_results_are_inference_tensors_as_eagerly(graph_backend):
+    with torch.inference_mode():
+        g = _captured(f, torch.zeros(4), backend=graph_backend)
+        out = g(torch.ones(4))
+        assert out.is_inference() == f(torch.ones(4)).is_inference()
+        kept = [g(torch.full((4,), float(i))) for i in range(3)]
+    for i, t in enumerate(kept):
+        torch.testing.assert_close(t, f(torch.full((4,), float(i))))
+
+
+def test_clone_outputs_copy_every_result(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend, outputs="clone")
+    assert _entry(g).plan.lender is None
+    out = g(torch.ones(4))
+    assert out.data_ptr() != _entry(g).plan.graph[0].data_ptr()
+
+
+def test_a_tensordict_module_keeps_every_step_of_a_rollout(graph_backend):
+    from tensordict.nn import TensorDictModule
+
+    net = torch.nn.Linear(3, 2)
+    if graph_backend == "cuda":
+        net = net.cuda()
+    policy = TensorDictModule(net, in_keys=["obs"], out_keys=["action"])
+    g = CudaGraphModule(policy, warmup=1, backend=graph_backend)
+    steps, expected = [], []
+    with torch.no_grad():
+        for i in range(COOLDOWN + 10):
+            td = TensorDict(obs=torch.full((5, 3), float(i)), batch_size=[5])
+            steps.append(g(td))
+            expected.append(net(td["obs"]))
+    for td, action in zip(steps, expected):
+        torch.testing.assert_close(td["action"], action)
+
+
+def test_the_repr_of_a_default_wrapper_does_not_mention_outputs():
+    assert "outputs" not in repr(CudaGraphModule(f, backend="eager"))
+    assert "outputs='clone'" in repr(CudaGraphModule(f, backend="eager", outputs="clone"))
