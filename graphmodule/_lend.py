@@ -8,11 +8,15 @@ the graph's buffers themselves, through a storage of our own over their memory (
 *lent* storage), and just before the next replay looks at each lent storage's use count
 (``torch._C._storage_Use_Count``: every tensor and view over it holds one):
 
-- nobody holds it (the count is what graphmodule itself holds): replay; nothing is copied;
+- nobody holds it (the count is what graphmodule itself holds; the lent storage is ours
+  alone, so that count never changes under us): replay; nothing is copied;
 - a caller still holds a result, a view of one or a container with one: copy the bytes to
   fresh memory and swap the two storages' memory (``UntypedStorage._swap_data_ptr_``), so
   every tensor over the lent storage, the caller's views included, now reads the copy; the
   graph's memory gets a new lent storage. Then replay.
+
+When the graph goes (the wrapper deleted or reset, the graph evicted), results still lent
+out are moved the same way: they never outlive the memory they were lent.
 
 A wrapper whose caller keeps every result (a list of losses, a rollout of actions) would
 pay that rescue at every call, which costs more than a plain copy: after a rescue, the next
@@ -110,6 +114,16 @@ class Lender:
                 g.rescue()
                 self.rescues += 1
         self.cooldown = COOLDOWN
+
+    def __del__(self) -> None:
+        # The graph's memory goes with this lender (the wrapper was deleted or reset, or the
+        # graph evicted): results still lent out must not outlive it.
+        try:
+            for g in self.groups:
+                if _use_count(g.cdata) != g.base:
+                    g.rescue()
+        except Exception:  # interpreter shutdown: nothing left to protect
+            pass
 
     def lending(self) -> bool:
         if self.cooldown:

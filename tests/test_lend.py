@@ -155,3 +155,26 @@ def test_a_tensordict_module_keeps_every_step_of_a_rollout(graph_backend):
 def test_the_repr_of_a_default_wrapper_does_not_mention_outputs():
     assert "outputs" not in repr(CudaGraphModule(f, backend="eager"))
     assert "outputs='clone'" in repr(CudaGraphModule(f, backend="eager", outputs="clone"))
+
+
+def test_results_outlive_a_deleted_wrapper(graph_backend):
+    import gc
+
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    out = g(torch.ones(4))
+    graph_memory = _entry(g).plan.graph[0].data_ptr()
+    del g
+    gc.collect()
+    assert out.data_ptr() != graph_memory  # moved to memory of its own before the graph's went
+    junk = [torch.full((4,), -5.0) for _ in range(100)]  # memory the allocator may hand out again
+    torch.testing.assert_close(out, f(torch.ones(4)))
+    del junk
+
+
+def test_results_outlive_a_reset_and_a_new_capture(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    out = g(torch.ones(4))
+    g.reset()
+    for i in range(4):  # warm up and capture again, maybe over the same memory
+        g(torch.full((4,), 9.0))
+    torch.testing.assert_close(out, f(torch.ones(4)))
