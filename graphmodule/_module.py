@@ -203,6 +203,7 @@ class CudaGraphModule(WrapperSurface):
         stats = self._stats.copy()
         stats.graphs = len(self._entries)
         stats.graph_bytes = tuple(entry.capture_bytes for entry in self._entries)
+        stats.moved_outputs = sum(entry.plan.lender.rescues for entry in self._entries if entry.plan.lender)
         stats.pool_bytes = self._runner.pool_bytes() if self._entries and hasattr(self._runner, "pool_bytes") else 0
         return stats
 

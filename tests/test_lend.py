@@ -178,3 +178,14 @@ def test_results_outlive_a_reset_and_a_new_capture(graph_backend):
     for i in range(4):  # warm up and capture again, maybe over the same memory
         g(torch.full((4,), 9.0))
     torch.testing.assert_close(out, f(torch.ones(4)))
+
+
+def test_stats_count_the_moved_results(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    g(torch.ones(4))  # dropped
+    g(torch.ones(4))
+    assert g.stats.moved_outputs == 0
+    kept = g(torch.ones(4))
+    g(torch.ones(4))
+    assert g.stats.moved_outputs == 1
+    del kept
