@@ -60,6 +60,10 @@ class Entry:
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
         )
+        # outputs="safe": a second capture of the same call with its own buffers, made the
+        # first time the caller still holds a result at the next call (see _lend)
+        self.twin: Entry | None = None
+        self.make_twin: Any = None  # (leaves, objs, tree) -> (twin, its result) | None
         self.returns_input_td = out_recipe[0] == REF and out_recipe[1][0] == "slot_obj" and out_recipe[1][1] == 0
 
     def written_keys(self) -> list:
@@ -81,12 +85,28 @@ class Entry:
         return not self.extra_mismatches(leaves, None, objs)
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        self.inputs.copy_from(leaves)
         lender = self.plan.lender
-        if lender is not None:
-            lender.before_replay()  # a result of the last call still held: moved to a copy
+        if lender is not None and lender.busy():
+            # The caller still holds a result of the last replay (``out = g(x)`` in a loop
+            # holds it until this call returns): replay the twin, a second capture with its
+            # own buffers, if its results are free; else move what is held to a copy.
+            twin = self.twin
+            if twin is not None and not twin.plan.lender.busy():
+                return twin._replay(leaves, objs, tree)
+            if twin is None and self.make_twin is not None:
+                make, self.make_twin = self.make_twin, None
+                made = make(leaves, objs, tree)
+                if made is not None:
+                    self.twin, out = made
+                    return out
+            lender.rescue()
+        return self._replay(leaves, objs, tree)
+
+    def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
+        self.inputs.copy_from(leaves)
         self.runner.replay(self.handle)
         if self.single:
+            lender = self.plan.lender
             if lender is not None and lender.lending():
                 return lender.groups[0].templates[0][1].detach()
             out = self.plan.graph[0]
@@ -107,6 +127,10 @@ class Entry:
     def release(self) -> None:
         self.runner.release(self.handle)
         self.handle = None
+        self.make_twin = None
+        if self.twin is not None:
+            self.twin.release()
+            self.twin = None
 
     # -- cold ----------------------------------------------------------------------------
     def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:

@@ -18,9 +18,14 @@ the graph's buffers themselves, through a storage of our own over their memory (
 When the graph goes (the wrapper deleted or reset, the graph evicted), results still lent
 out are moved the same way: they never outlive the memory they were lent.
 
-A wrapper whose caller keeps every result (a list of losses, a rollout of actions) would
-pay that rescue at every call, which costs more than a plain copy: after a rescue, the next
-:data:`COOLDOWN` calls return copies, then lending is tried again.
+The commonest holder is the caller's own variable: in ``for ...: out = g(x)``, ``out``
+still holds the last result while the next call runs. So the first time a result is still
+held, the entry captures the same call a second time, with buffers of its own (the *twin*,
+sharing the memory pool: only the inputs' and results' buffers are doubled); from then on
+the two alternate, each replayed while the other's results are held, with no copy. Only when
+the results of both are held (a list of losses, a rollout of actions kept whole) are they
+moved; such a loop would pay that move at every call, which costs more than a plain copy:
+after a move, the next :data:`COOLDOWN` calls return copies, then lending is tried again.
 
 What this cannot see: a raw address taken from a result (``data_ptr()``, DLPack,
 ``__cuda_array_interface__``), work another stream has queued on a result without the
@@ -30,6 +35,7 @@ read the graph's memory, which the next call overwrites. Use ``outputs="clone"``
 
 from __future__ import annotations
 
+import sys
 from operator import ne
 from typing import Any
 
@@ -67,13 +73,15 @@ class _Group:
         self.cdata = storage._cdata
         self.base = _use_count(self.cdata)  # what graphmodule itself holds
 
-    def rescue(self) -> None:
-        """A caller holds tensors over the lent storage: give them a copy of its bytes."""
+    def rescue(self, last: bool = False) -> None:
+        """A caller holds tensors over the lent storage: give them a copy of its bytes
+        (``last``: the graph's memory is going, lend nothing more)."""
         held = self.lent
         fresh = torch.UntypedStorage(held.nbytes(), device=held.device)
         fresh.copy_(held)  # queued before the replay that overwrites the graph's memory
         held._swap_data_ptr_(fresh)  # the caller's tensors now read the copy...
-        self.lend(fresh)  # ...and ``fresh`` is over the graph's memory
+        if not last:
+            self.lend(fresh)  # ...and ``fresh`` is over the graph's memory
 
 
 def _on(storage: torch.UntypedStorage, t: Tensor) -> Tensor:
@@ -86,8 +94,9 @@ def _on(storage: torch.UntypedStorage, t: Tensor) -> Tensor:
 class Lender:
     """The lent outputs of one graph.
 
-    Per call: :meth:`before_replay` (rescue what callers hold), the replay, then
-    :meth:`lending` says whether this call's results are lent (:meth:`values`) or copied.
+    Per call: :meth:`busy` (a caller holds what the last replay lent: the entry replays its
+    twin, or calls :meth:`rescue`), the replay, then :meth:`lending` says whether this call's
+    results are lent (:meth:`values`) or copied.
     """
 
     def __init__(self, graph: list[Tensor]) -> None:
@@ -99,17 +108,19 @@ class Lender:
         self.cooldown = 0
         self.rescues = 0
 
-    def before_replay(self) -> None:
+    def busy(self) -> bool:
+        """Whether a caller still holds a result lent by the last replay."""
         if self.cooldown:  # the last results were copies: nothing is lent out
-            return
+            return False
         groups = self.groups
         if len(groups) == 1:
             g = groups[0]
-            if _use_count(g.cdata) == g.base:
-                return
-        elif not any(map(ne, map(_use_count, [g.cdata for g in groups]), [g.base for g in groups])):
-            return
-        for g in groups:
+            return _use_count(g.cdata) != g.base
+        return any(map(ne, map(_use_count, [g.cdata for g in groups]), [g.base for g in groups]))
+
+    def rescue(self) -> None:
+        """Move what callers hold to copies; the next :data:`COOLDOWN` calls return copies."""
+        for g in self.groups:
             if _use_count(g.cdata) != g.base:
                 g.rescue()
                 self.rescues += 1
@@ -118,11 +129,13 @@ class Lender:
     def __del__(self) -> None:
         # The graph's memory goes with this lender (the wrapper was deleted or reset, or the
         # graph evicted): results still lent out must not outlive it.
+        if sys.is_finalizing():  # the process is ending: nothing left to protect (and
+            return  # torch aborts on storages made while it is torn down)
         try:
             for g in self.groups:
                 if _use_count(g.cdata) != g.base:
-                    g.rescue()
-        except Exception:  # interpreter shutdown: nothing left to protect
+                    g.rescue(last=True)
+        except Exception:  # noqa: BLE001 - CUDA already torn down: nothing left to protect
             pass
 
     def lending(self) -> bool:

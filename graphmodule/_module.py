@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import warnings
+import weakref
 from threading import get_ident
 from typing import Any, Callable
 
@@ -418,7 +419,40 @@ class CudaGraphModule(WrapperSurface):
         entry.capture_bytes = self._runner.capture_bytes
         log.info("%s: captured graph %d in %.1f ms (%d held)", self._owner, self._stats.captures,
                  1e3 * self._runner.capture_seconds, len(self._entries))
+        if entry.plan.lender is not None:
+            entry.make_twin = self._twin_maker(entry)
         return entry.finish(leaves, objs, tree)
+
+    def _twin_maker(self, entry: Entry) -> Callable[..., Any]:
+        """What captures ``entry``'s twin (outputs="safe", see _lend), holding no reference
+        to the wrapper or the entry (an entry would otherwise outlive its last use)."""
+        ref = weakref.ref(self)
+        layout, mode, texts = entry.spec.layout, entry.mode, entry.texts
+
+        def make(leaves: Any, objs: dict, tree: Any) -> tuple[Entry, Any] | None:
+            wrapper = ref()
+            return wrapper._capture_twin(layout, mode, texts, leaves, objs, tree) if wrapper is not None else None
+
+        return make
+
+    def _capture_twin(self, layout, mode, texts, leaves, objs, tree) -> tuple[Entry, Any] | None:
+        """The same call captured again, with buffers of its own; ``None`` if that failed
+        (the graph captured first then moves held results to copies instead)."""
+        try:
+            twin, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
+                             leaves=list(leaves), mode=mode, clone=True, lend=True, texts=texts, objs=objs)
+        except Exception as err:  # noqa: BLE001 - the first capture of this call is still good
+            log.info("%s: no second output set (%s); results still held at a call are copied",
+                     self._owner, str(err).splitlines()[0] if str(err) else type(err).__name__)
+            collect_before_next_capture()
+            return None
+        if twin.plan.lender is None:
+            twin.release()
+            return None
+        self._stats.twin_captures += 1
+        log.info("%s: captured a second output set in %.1f ms (results of the last call were still held)",
+                 self._owner, 1e3 * self._runner.capture_seconds)
+        return twin, twin.finish(leaves, objs, tree)
 
     def _capture_failed(self, err, layout, leaves, mode, reader, args, kwargs, ran: Any = _NOTHING) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""

@@ -25,6 +25,9 @@ class GraphStats:
         graphs: graphs held now.
         pool_bytes: device memory held by the graphs' memory pool (shared pools count whole).
         capture_seconds: wall time of the last capture.
+        twin_captures: second captures of a call (outputs="safe"): made the first time a
+            result was still held at the next call, so that two sets of output buffers
+            alternate instead of copying.
         moved_outputs: results of the graphs held that were still held by the caller at
             the next call and so moved to a copy before the replay (``outputs="safe"``).
         graph_bytes: for each graph held (most recently used first), the device memory
@@ -53,6 +56,7 @@ class GraphStats:
     graphs: int = 0
     pool_bytes: int = 0
     capture_seconds: float = 0.0
+    twin_captures: int = 0
     moved_outputs: int = 0
     graph_bytes: tuple[int, ...] = ()
 

@@ -5,7 +5,8 @@
 # Usage (device tool): bash scripts/gpu_check.sh [tests|bench|programs|all|MODE+MODE...]   (carry: .whl)
 #   programs: graphmodule against tensordict's wrapper in the real programs, both wrappers in
 #   one run switched every 20 iterations (benchmarks/programs.py --interleaved).
-#   GM_TESTS: test files or folders to run (default: tests).
+#   GM_TESTS: test files or folders to run (default: tests); GM_BENCH_K: a -k expression
+#   selecting benchmark workloads (default: all).
 set -u
 what=${1:-all}
 OUT=${OUT:-/tmp/graphmodule-gpu}
@@ -57,7 +58,7 @@ if has profile; then
   grep -E "^==|wall" "$OUT/profile.txt"
 fi
 if has bench; then
-  timeout 400 python3 benchmarks/compare.py --out "$OUT" 2>&1 | grep -v "^test_bench\[" | tail -n 14
+  timeout 400 python3 benchmarks/compare.py --out "$OUT" ${GM_BENCH_K:+-k "$GM_BENCH_K"} 2>&1 | grep -v "^test_bench\[" | tail -n 14
 fi
 if has programs; then
   timeout 300 python3 benchmarks/programs.py --interleaved 20 --programs ${GM_PROGRAMS:-td3,sac,ppo_tdmodule} \
