@@ -63,7 +63,7 @@ class Entry:
         # outputs="safe": a second capture of the same call with its own buffers, made the
         # first time the caller still holds a result at the next call (see _lend)
         self.twin: Entry | None = None
-        self.make_twin: Any = None  # (leaves, objs, tree) -> (twin, its result) | None
+        self.make_twin: Any = None  # (entry, leaves, objs, tree) -> (twin | None, its result) | None
         self.returns_input_td = out_recipe[0] == REF and out_recipe[1][0] == "slot_obj" and out_recipe[1][1] == 0
 
     def written_keys(self) -> list:
@@ -95,9 +95,11 @@ class Entry:
                 return twin._replay(leaves, objs, tree)
             if twin is None and self.make_twin is not None:
                 make, self.make_twin = self.make_twin, None
-                made = make(leaves, objs, tree)
-                if made is not None:
-                    self.twin, out = made
+                made = make(self, leaves, objs, tree)
+                if made is not None:  # (the twin, or None where it replaced this entry; its result)
+                    twin, out = made
+                    if twin is not None:
+                        self.twin = twin
                     return out
             lender.rescue()
         return self._replay(leaves, objs, tree)

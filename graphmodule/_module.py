@@ -420,24 +420,29 @@ class CudaGraphModule(WrapperSurface):
         log.info("%s: captured graph %d in %.1f ms (%d held)", self._owner, self._stats.captures,
                  1e3 * self._runner.capture_seconds, len(self._entries))
         if entry.plan.lender is not None:
-            entry.make_twin = self._twin_maker(entry)
+            entry.make_twin = self._twin_maker()
         return entry.finish(leaves, objs, tree)
 
-    def _twin_maker(self, entry: Entry) -> Callable[..., Any]:
-        """What captures ``entry``'s twin (outputs="safe", see _lend), holding no reference
+    def _twin_maker(self) -> Callable[..., Any]:
+        """What captures an entry's twin (outputs="safe", see _lend), holding no reference
         to the wrapper or the entry (an entry would otherwise outlive its last use)."""
         ref = weakref.ref(self)
-        layout, mode, texts = entry.spec.layout, entry.mode, entry.texts
 
-        def make(leaves: Any, objs: dict, tree: Any) -> tuple[Entry, Any] | None:
+        def make(entry: Entry, leaves: Any, objs: dict, tree: Any) -> tuple[Entry | None, Any] | None:
             wrapper = ref()
-            return wrapper._capture_twin(layout, mode, texts, leaves, objs, tree) if wrapper is not None else None
+            return wrapper._capture_twin(entry, leaves, objs, tree) if wrapper is not None else None
 
         return make
 
-    def _capture_twin(self, layout, mode, texts, leaves, objs, tree) -> tuple[Entry, Any] | None:
+    def _capture_twin(self, entry: Entry, leaves, objs, tree) -> tuple[Entry | None, Any] | None:
         """The same call captured again, with buffers of its own; ``None`` if that failed
-        (the graph captured first then moves held results to copies instead)."""
+        (the graph captured first then moves held results to copies instead).
+
+        A function that rebinds state it reads (``group["lr"] = lr0 * alpha``) left that
+        state as the twin's capture made it, which ``entry``'s graph does not read: the twin
+        then replaces ``entry`` (returned as ``(None, result)``), and no twin is tried again.
+        """
+        layout, mode, texts = entry.spec.layout, entry.mode, entry.texts
         try:
             twin, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
                              leaves=list(leaves), mode=mode, clone=True, lend=True, texts=texts, objs=objs)
@@ -450,6 +455,12 @@ class CudaGraphModule(WrapperSurface):
             twin.release()
             return None
         self._stats.twin_captures += 1
+        if not entry.watch.check():
+            self._entries[self._entries.index(entry)] = twin
+            entry.release()  # results it lent are moved when it goes (see _lend)
+            log.info("%s: the function rebinds state its graph reads; its second capture replaces the "
+                     "first, and results still held at a call are copied", self._owner)
+            return None, twin.finish(leaves, objs, tree)
         log.info("%s: captured a second output set in %.1f ms (results of the last call were still held)",
                  self._owner, 1e3 * self._runner.capture_seconds)
         return twin, twin.finish(leaves, objs, tree)

@@ -233,3 +233,28 @@ def test_a_process_ending_with_results_held_exits_cleanly(held, tmp_path):
                           env={**__import__("os").environ, "PYTHONPATH": root})
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]
     assert "terminate called" not in proc.stderr
+
+
+def test_a_function_that_rebinds_what_it_reads_keeps_one_graph(graph_backend):
+    """PPO's closure update sets ``group["lr"] = lr0 * alpha`` at every call: the twin's
+    capture leaves the optimizer holding the twin's tensor, which the first graph does not
+    read; the twin replaces it (no stale error, every value as eagerly)."""
+    state = {"scale": torch.tensor(1.0)}
+    eager_state = {"scale": torch.tensor(1.0)}
+
+    def step(x, state=state):
+        state["scale"] = x.sum() * 0.5  # rebinds, as the PPO closure does
+        return x * state["scale"]
+
+    def eager(x):
+        eager_state["scale"] = x.sum() * 0.5
+        return x * eager_state["scale"]
+
+    g = _captured(step, torch.ones(3), backend=graph_backend)
+    out = None
+    for i in range(6):
+        x = torch.full((3,), float(i))
+        out = g(x)  # held during the next call: a twin is tried
+        torch.testing.assert_close(out, eager(x))
+        torch.testing.assert_close(state["scale"], eager_state["scale"])
+    assert g.stats.twin_captures == 1 and g._entries[0].twin is None
