@@ -4,8 +4,8 @@ Each workload builds a callable and a fixed call (args, kwargs) on a device. Eac
 variant wraps the callable: eager, the hand-written ``torch.cuda.graph`` copy+replay
 loop (the floor no wrapper can beat), tensordict's ``CudaGraphModule``,
 ``torch.compile(mode="reduce-overhead")``, graphmodule (default ``outputs="safe"``: lent
-buffers, copied only when still held at the next call; the benchmark drops each result, as
-a policy's caller does), graphmodule with ``outputs="clone"`` (a copy per call) and
+buffers; the benchmark holds each result until the next call returns, as a loop does, so
+its two captures alternate), graphmodule with ``outputs="clone"`` (a copy per call) and
 graphmodule with zero-copy ``outputs="static"``. Used by ``test_benchmarks.py`` (pytest-benchmark)
 and ``compare.py`` (the table).
 """
