@@ -3,10 +3,10 @@
 Each workload builds a callable and a fixed call (args, kwargs) on a device. Each
 variant wraps the callable: eager, the hand-written ``torch.cuda.graph`` copy+replay
 loop (the floor no wrapper can beat), tensordict's ``CudaGraphModule``,
-``torch.compile(mode="reduce-overhead")``, graphmodule (default ``outputs="safe"``: lent
-buffers; the benchmark holds each result until the next call returns, as a loop does, so
-its two captures alternate), graphmodule with ``outputs="clone"`` (a copy per call) and
-graphmodule with zero-copy ``outputs="static"``. Used by ``test_benchmarks.py`` (pytest-benchmark)
+``torch.compile(mode="reduce-overhead")``, graphmodule (default ``outputs="clone"``: a copy
+per call), graphmodule with ``outputs="safe"`` (lent buffers; the benchmark holds each result
+until the next call returns, as a loop does, so its two captures alternate) and graphmodule
+with zero-copy ``outputs="static"``. Used by ``test_benchmarks.py`` (pytest-benchmark)
 and ``compare.py`` (the table).
 """
 
@@ -214,12 +214,12 @@ def variant(name: str, case: Case) -> Callable[[], Any] | None:
         return call
     from graphmodule import CudaGraphModule
 
-    outputs = {"graphmodule": "safe", "graphmodule_clone": "clone", "graphmodule_static": "static"}[name]
+    outputs = {"graphmodule": "clone", "graphmodule_safe": "safe", "graphmodule_static": "static"}[name]
     g = CudaGraphModule(case.fn, warmup=case.warmup, outputs=outputs)
     return lambda: g(*args, **kwargs)
 
 
-VARIANTS = ("eager", "floor", "floor_clone", "tensordict", "compile", "graphmodule", "graphmodule_clone",
+VARIANTS = ("eager", "floor", "floor_clone", "tensordict", "compile", "graphmodule", "graphmodule_safe",
             "graphmodule_static")
 
 

@@ -3,7 +3,7 @@
 A replay writes its results into the same memory every time. ``outputs="clone"`` copies
 every result so that no later call overwrites what a caller holds; most callers drop
 their results before the next call (``action = policy(obs)``, then ``env.step(action)``),
-so most of those copies are wasted. The default, ``outputs="safe"``, instead hands out
+so most of those copies are wasted. ``outputs="safe"`` instead hands out
 the graph's buffers themselves, through a storage of our own over their memory (a
 *lent* storage), and just before the next replay looks at each lent storage's use count
 (``torch._C._storage_Use_Count``: every tensor and view over it holds one):

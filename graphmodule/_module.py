@@ -87,11 +87,12 @@ class CudaGraphModule(WrapperSurface):
         device: the CUDA device of the graph; defaults to the current device.
 
     Keyword-only options:
-        outputs: ``"safe"`` (default): later calls never overwrite a result you hold,
-            at zero-copy cost when you do not hold it: results are the graph's own
-            buffers, and a result still held at the next call (or a view of it) is
-            moved to a copy just before the replay. ``"clone"``: every result is
-            copied at every call (for raw pointers, other streams, or graphs you
+        outputs: ``"clone"`` (default): results are fresh tensors that later calls
+            never overwrite (one copy per call). ``"safe"``: the same promise without
+            the copy where it can: results are the graph's own buffers lent out, a
+            second capture's buffers alternate with them while you hold the last
+            result, and results still held when both are busy are moved to a copy
+            before the replay (not for raw pointers, other streams, or graphs you
             capture over the results). ``"static"``: zero-copy, results are the
             graph's own buffers, overwritten by the next call; copy what you keep.
         capture_error_mode: passed to CUDA graph capture. ``"thread_local"``
@@ -144,7 +145,7 @@ class CudaGraphModule(WrapperSurface):
         out_keys: Any = None,
         device: torch.device | str | int | None = None,
         *,
-        outputs: str = "safe",
+        outputs: str = "clone",
         capture_error_mode: str = "thread_local",
         on_capture_failure: str = "raise",
         on_stale: str = "raise",

@@ -28,7 +28,7 @@ class State(str, enum.Enum):
 
 
 _CHOICES = {
-    "outputs": ("safe", "clone", "static"),
+    "outputs": ("clone", "safe", "static"),
     "capture_error_mode": ("thread_local", "global", "relaxed"),
     "on_capture_failure": ("raise", "eager"),
     "on_stale": ("raise", "recapture"),
@@ -45,7 +45,7 @@ class Options:
     from these defaults.
     """
 
-    outputs: str = "safe"
+    outputs: str = "clone"
     capture_error_mode: str = "thread_local"
     on_capture_failure: str = "raise"
     on_stale: str = "raise"

@@ -21,12 +21,15 @@ Environment:
 - ``GM_FUZZ_ALL_BUGS=1``: shrink one repro per kind of difference, not just the first (slow);
 - ``GM_FUZZ_SECONDS``: stop each fuzz test cleanly after this long (long runs);
 - ``GM_FUZZ_PROGRESS``: a file rewritten with the count every 100 cases (and stacks on SIGUSR1);
-- ``GM_FUZZ_PROFILE``: a file for a cProfile of the cases after the 20th.
+- ``GM_FUZZ_PROFILE``: a file for a cProfile of the cases after the 20th;
+- ``GM_FUZZ_OUTPUTS``: the wrappers' ``outputs`` option in ``test_fuzz`` (default ``clone``,
+  the default; ``test_fuzz_safe_outputs`` always uses ``safe``).
 
 A failure prints the case as a script (paste it after the header to reproduce), the call
 sequence, and each difference with the eager and the wrapped value.
 """
 
+import functools
 import os
 import time
 from textwrap import dedent
@@ -39,6 +42,7 @@ from tests.differential.oracle import check_case, check_random_case
 from tests.differential.strategies import RANDOM_BODIES, Case, RandomCase, cases, random_cases
 
 BACKEND = os.environ.get("GM_FUZZ_BACKEND", "simulate")
+OUTPUTS = os.environ.get("GM_FUZZ_OUTPUTS", "clone")
 DEVICE = "cuda" if BACKEND == "cuda" else "cpu"
 EXAMPLES = int(os.environ.get("GM_FUZZ_EXAMPLES", "150"))
 SEED = os.environ.get("GM_FUZZ_SEED")
@@ -134,7 +138,17 @@ def _cuda_backend_or_skip() -> None:
 @pytest.mark.parametrize("focus", [f for f in SHARES if f != "random"])
 def test_fuzz(focus, capsys):
     _cuda_backend_or_skip()
-    run_fuzz(focus, cases(focus), check_case, EXAMPLES * SHARES[focus], BACKEND, DEVICE, capsys)
+    check = functools.partial(check_case, outputs=OUTPUTS)
+    run_fuzz(focus, cases(focus), check, EXAMPLES * SHARES[focus], BACKEND, DEVICE, capsys)
+
+
+@pytest.mark.parametrize("focus", ["mixed", "outputs", "aliasing", "mutation"])
+def test_fuzz_safe_outputs(focus, capsys):
+    """outputs="safe" (lent buffers, a twin capture, moves): every result kept to the end of
+    the sequence is compared again there, as with copies."""
+    _cuda_backend_or_skip()
+    check = functools.partial(check_case, outputs="safe")
+    run_fuzz(f"safe {focus}", cases(focus), check, EXAMPLES * SHARES[focus], BACKEND, DEVICE, capsys)
 
 
 def test_fuzz_random(capsys):

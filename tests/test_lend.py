@@ -1,4 +1,4 @@
-"""outputs="safe" (the default): results lent at zero copy, moved when a caller keeps them.
+"""outputs="safe": results lent at zero copy, moved when a caller keeps them.
 
 Each test holds results the way programs do (a variable, a view, a list, a TensorDict, the
 next call's input) across later calls and compares them with the eager function's results
@@ -21,6 +21,7 @@ def _entry(g):
 
 
 def _captured(fn, *args, backend="simulate", **options):
+    options.setdefault("outputs", "safe")
     g = CudaGraphModule(fn, warmup=1, backend=backend, **options)
     g(*args)
     g(*args)
@@ -141,7 +142,7 @@ def test_a_tensordict_module_keeps_every_step_of_a_rollout(graph_backend):
     if graph_backend == "cuda":
         net = net.cuda()
     policy = TensorDictModule(net, in_keys=["obs"], out_keys=["action"])
-    g = CudaGraphModule(policy, warmup=1, backend=graph_backend)
+    g = CudaGraphModule(policy, warmup=1, backend=graph_backend, outputs="safe")
     steps, expected = [], []
     with torch.no_grad():
         for i in range(COOLDOWN + 10):
@@ -154,7 +155,7 @@ def test_a_tensordict_module_keeps_every_step_of_a_rollout(graph_backend):
 
 def test_the_repr_of_a_default_wrapper_does_not_mention_outputs():
     assert "outputs" not in repr(CudaGraphModule(f, backend="eager"))
-    assert "outputs='clone'" in repr(CudaGraphModule(f, backend="eager", outputs="clone"))
+    assert "outputs='safe'" in repr(CudaGraphModule(f, backend="eager", outputs="safe"))
 
 
 def test_results_outlive_a_deleted_wrapper(graph_backend):
@@ -223,7 +224,7 @@ def test_a_process_ending_with_results_held_exits_cleanly(held, tmp_path):
     script.write_text(
         "import torch\n"
         "from graphmodule import CudaGraphModule\n"
-        "g = CudaGraphModule(lambda x: x * 2 + 1, warmup=1, backend='simulate')\n"
+        "g = CudaGraphModule(lambda x: x * 2 + 1, warmup=1, backend='simulate', outputs='safe')\n"
         "g(torch.zeros(4)); g(torch.zeros(4))\n"
         f"{body}\n"
         "print('done')\n"

@@ -22,7 +22,7 @@ class TestConstruction:
     @pytest.mark.parametrize(
         "option, value, allowed",
         [
-            ("outputs", "copy", "'safe', 'clone', 'static'"),
+            ("outputs", "copy", "'clone', 'safe', 'static'"),
             ("capture_error_mode", "local", "'thread_local', 'global', 'relaxed'"),
             ("on_capture_failure", "ignore", "'raise', 'eager'"),
             ("backend", "gpu", "'auto', 'cuda', 'simulate', 'eager'"),

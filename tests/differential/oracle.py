@@ -507,7 +507,7 @@ def signature(args: tuple, kwargs: dict) -> tuple:
     return body, same, alias
 
 
-def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs: str = "safe") -> Outcome:
+def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs: str = "clone") -> Outcome:
     """Make the case's call sequence in both worlds; the differences of the first call that has any."""
     ns = case.compile(device)
     fn = ns["fn"]
@@ -603,9 +603,9 @@ def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs
     return Outcome(case, backend, calls, [])
 
 
-def check_case(case: Case, backend: str = "simulate", device: str = "cpu") -> Outcome:
+def check_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs: str = "clone") -> Outcome:
     """Run ``case``; raise a :class:`DifferentialFailure` subclass with a printed diff if it fails."""
-    outcome = run_case(case, backend, device)
+    outcome = run_case(case, backend, device, outputs)
     if not outcome.ok:
         raise failure_type(outcome.diffs[0].kind)(outcome.report())
     return outcome
