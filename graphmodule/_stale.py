@@ -42,6 +42,10 @@ _WORTH = (torch.Tensor, nn.Module, torch.optim.Optimizer, TensorDictBase, types.
           types.MethodType, functools.partial, list, tuple, dict)
 
 
+# Python attributes that a torch module's forward never reads (exact types only: a subclass
+# may read them): watching them would cost every call and protect nothing.
+_UNREAD = {nn.Linear: frozenset({"in_features", "out_features"})}
+
 _INTERNAL_PACKAGES = frozenset({"torch", "tensordict", "graphmodule", "functools", "typing", "contextlib"})
 
 
@@ -188,8 +192,9 @@ class Watch:
                 for lst, item in zip(self._o, (m.__dict__["_modules"], name, child, f"{where}.{name}")):
                     lst.append(item)
             attrs = m.__dict__
+            unread = _UNREAD.get(type(m), ())
             for name, value in list(attrs.items()):
-                if name.startswith("_") or name == "training":
+                if name.startswith("_") or name == "training" or name in unread:
                     continue
                 if isinstance(value, (torch.Tensor, *_SCALARS)):
                     self._bind(attrs, name, value, f"{where}.{name}", depth)

@@ -99,6 +99,24 @@ class TestModules:
         drop[1].p = 0.5
         assert _stale_message(g)[1] == "  module.1.p: 0.0 at capture, 0.5 now (the graph uses 0.0)"
 
+    def test_attributes_linear_never_reads_are_not_watched(self):
+        lin = nn.Linear(3, 3)
+        g = _captured(lin)
+        assert not any(".in_features" in label or ".out_features" in label for label in g._entries[0].watch._v[3])
+        lin.in_features = 7  # eagerly too, F.linear reads only the weight and bias
+        with torch.no_grad():
+            torch.testing.assert_close(g(X), lin(X))
+
+    def test_a_linear_subclass_reading_them_is_still_watched(self):
+        class Scaled(nn.Linear):
+            def forward(self, x):
+                return super().forward(x) * self.out_features
+
+        lin = Scaled(3, 3)
+        g = _captured(lin)
+        lin.out_features = 2
+        assert _stale_message(g)[1] == "  module.out_features: 3 at capture, 2 now (the graph uses 3)"
+
     def test_recapture_follows_the_new_parameter(self):
         net = nn.Linear(3, 3)
         g = _captured(net, on_stale="recapture")
