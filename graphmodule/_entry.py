@@ -110,7 +110,7 @@ class Entry:
         if self.single:
             lender = self.plan.lender
             if lender is not None and lender.lending():
-                return lender.groups[0].templates[0][1].detach()
+                return lender.single()
             out = self.plan.graph[0]
             return out.clone() if self.clone else out
         return self.finish(leaves, objs, tree)

@@ -36,7 +36,6 @@ read the graph's memory, which the next call overwrites. Use ``outputs="clone"``
 from __future__ import annotations
 
 import sys
-from operator import ne
 from typing import Any
 
 import torch
@@ -72,6 +71,10 @@ class _Group:
         self.templates = [(j, _on(storage, t)) for j, t in self.members]
         self.cdata = storage._cdata
         self.base = _use_count(self.cdata)  # what graphmodule itself holds
+
+    def held(self) -> bool:
+        """Whether a caller holds a tensor over the lent storage."""
+        return _use_count(self.cdata) != self.base
 
     def rescue(self, last: bool = False) -> None:
         """A caller holds tensors over the lent storage: give them a copy of its bytes
@@ -113,15 +116,14 @@ class Lender:
         if self.cooldown:  # the last results were copies: nothing is lent out
             return False
         groups = self.groups
-        if len(groups) == 1:
-            g = groups[0]
-            return _use_count(g.cdata) != g.base
-        return any(map(ne, map(_use_count, [g.cdata for g in groups]), [g.base for g in groups]))
+        if len(groups) == 1:  # the common case, without a generator
+            return groups[0].held()
+        return any(g.held() for g in groups)
 
     def rescue(self) -> None:
         """Move what callers hold to copies; the next :data:`COOLDOWN` calls return copies."""
         for g in self.groups:
-            if _use_count(g.cdata) != g.base:
+            if g.held():
                 g.rescue()
                 self.rescues += 1
         self.cooldown = COOLDOWN
@@ -129,12 +131,12 @@ class Lender:
     def __del__(self) -> None:
         # The graph's memory goes with this lender (the wrapper was deleted or reset, or the
         # graph evicted): results still lent out must not outlive it.
-        if sys.is_finalizing():  # the process is ending: nothing left to protect (and
-            return  # torch aborts on storages made while it is torn down)
+        if sys.is_finalizing():  # the process is ending: nothing left to protect
+            return
         try:
             for g in self.groups:
-                if _use_count(g.cdata) != g.base:
-                    g.rescue(last=True)
+                if g.held():
+                    g.rescue(last=True)  # lending anew here aborted the process at exit
         except Exception:  # noqa: BLE001 - CUDA already torn down: nothing left to protect
             pass
 
@@ -143,6 +145,10 @@ class Lender:
             self.cooldown -= 1
             return False
         return True
+
+    def single(self) -> Tensor:
+        """The lent result of a graph with one output."""
+        return self.groups[0].templates[0][1].detach()
 
     def values(self) -> list[Any]:
         out: list[Any] = [None] * self.n
