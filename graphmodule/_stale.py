@@ -24,7 +24,7 @@ from __future__ import annotations
 import dis
 import functools
 import types
-from operator import getitem, is_
+from operator import attrgetter, getitem, is_
 from typing import Any, Callable
 
 import torch
@@ -238,45 +238,65 @@ class Watch:
 
     # -- the per-call check ----------------------------------------------------------------
     def check(self) -> bool:
-        """Whether everything found at capture is still what the graph reads. Cheap: a few
-        C-level passes (tensors and objects by identity, values by value), and one more
-        over the tensors' addresses (``p.data = ...`` keeps the object, not its memory)."""
+        """Whether everything found at capture is still what the graph reads. Cheap: one
+        C-level pass reads every watched place and compares it by identity with what was
+        there at capture, one more compares the tensors' addresses (``p.data = ...`` keeps
+        the object, not its memory). Only a place holding another object (an equal float
+        rebound, a new tensor over the same memory) takes the slower comparison."""
         try:
-            now = list(map(getitem, self._tc, self._tk))
-            if not all(map(is_, now, self._tobjs)):
-                # another object: stale unless it is the same memory, read the same way
-                if list(map(_facts, now)) != self._tfacts:
-                    return False
-                self._tobjs = now  # adopt the new objects: the next check is the fast one
-            elif not _same_addresses(self._tobjs, self._tptrs, self._tindex):
-                return False
-            if not all(map(is_, map(getitem, self._oc, self._ok), self._oobjs)):
-                return False
-            # tuple equality compares by identity first, then ==; -0.0 and nan are
-            # settled by the exact comparison
-            values = tuple(map(getitem, self._vc, self._vk))
-            if values != self._vvalues:  # a change, or a new nan object: the exact comparison decides
-                return all(map(same_constant, values, self._vvalues))
-            # == took -0.0 for 0.0: look again where a float zero was captured
-            return not self._zeros or all(same_constant(values[i], self._vvalues[i]) for i in self._zeros)
+            now = list(map(getitem, self._containers, self._keys))
+            if self._cells:
+                now += map(_contents, self._cells)
         except (KeyError, IndexError, AttributeError, TypeError, ValueError):
             return False
+        if not all(map(is_, now, self._objects)) and not self._adopt(now):
+            return False
+        return _same_addresses(self._tobjs, self._tptrs, self._tindex)
+
+    def _adopt(self, now: list) -> bool:
+        """Some places hold other objects: still what the graph reads if each is a tensor
+        with the same memory and layout, or an equal Python value (exactly: -0.0 is not
+        0.0). Then the new objects are kept, so that the next check is the fast one."""
+        objects, kinds, facts = self._objects, self._kinds, self._facts
+        changed = [i for i, (a, b) in enumerate(zip(now, objects)) if a is not b]
+        for i in changed:
+            kind = kinds[i]
+            if kind is None:  # an object: identity is what the graph depends on
+                return False
+            if kind == "value":
+                if not same_constant(now[i], objects[i]):
+                    return False
+            elif not isinstance(now[i], torch.Tensor) or _facts(now[i]) != facts[kind]:
+                return False
+        for i in changed:
+            objects[i] = now[i]
+            if kinds[i] not in (None, "value"):
+                self._tobjs[kinds[i]] = now[i]
+        return True
 
     def freeze(self) -> None:
-        """Lay the watched places out for :meth:`check` (after discovery)."""
-        self._tc, self._tk, self._tptrs, _ = self._t
+        """Lay the watched places out for :meth:`check` (after discovery): every place in
+        one list (closure cells last, read by attribute), with what it held at capture and
+        its kind (the tensor's index, ``None`` for an object, ``"value"``)."""
+        tensors = [(c, k, obj, i) for i, (c, k, obj) in enumerate(zip(self._t[0], self._t[1], self._tensors))]
+        objects = [(c, k, obj, None) for c, k, obj in zip(*self._o[:3])]
+        values = [(c, k, value, "value") for c, k, value in zip(*self._v[:3])]
+        places = [p for p in tensors + objects + values if not isinstance(p[0], _Cell)]
+        cells = [p for p in tensors + objects + values if isinstance(p[0], _Cell)]
+        self._containers = [p[0] for p in places]
+        self._keys = [p[1] for p in places]
+        self._cells = [p[0].cell for p in cells]
+        self._objects = [p[2] for p in places + cells]
+        self._kinds = [p[3] for p in places + cells]
+        self._tptrs = list(self._t[2])
         self._tobjs = list(self._tensors)
-        self._tfacts = list(map(_facts, self._tensors))
+        self._facts = list(map(_facts, self._tensors))
         self._tindex = list(range(len(self._tensors)))
-        self._oc, self._ok, self._oobjs, _ = self._o
-        self._vc, self._vk, values, _ = self._v
-        self._vvalues = tuple(values)
-        self._zeros = [i for i, v in enumerate(values) if type(v) in (float, complex) and v == 0]
 
     def changes(self) -> list[tuple[str, str]]:
         """What changed, for the message (the slow path)."""
         out = []
-        facts = iter(self._tfacts)  # as at capture (a `.data =` since changed the object's own)
+        facts = iter(self._facts)  # as at capture (a `.data =` since changed the object's own)
         for places, what_changed in ((self._t, _tensor_change), (self._o, _object_change), (self._v, _value_change)):
             for container, key, captured, label in zip(*places):
                 extra = (next(facts),) if places is self._t else ()
@@ -289,6 +309,9 @@ class Watch:
                 if what:
                     out.append((label, what))
         return out
+
+
+_contents = attrgetter("cell_contents")
 
 
 def _facts(t: torch.Tensor) -> tuple:

@@ -199,6 +199,35 @@ class TestFunctions:
         alpha = float("0.5")  # noqa: F841 - another object, the same value
         torch.testing.assert_close(g(X), X * 0.5)
 
+    def test_an_equal_value_adopted_is_still_watched_after(self):
+        # the check compares by identity, adopts an equal object, and must still see the
+        # next change (closure cells are read apart from dict places)
+        alpha = 0.0
+
+        def f(x):
+            return x * alpha + 1
+
+        g = CudaGraphModule(f, warmup=1, backend="simulate", on_stale="raise")
+        g(X)
+        g(X)
+        alpha = float("0.0")  # another object, the same value: adopted
+        torch.testing.assert_close(g(X), X * 0.0 + 1)
+        torch.testing.assert_close(g(X), X * 0.0 + 1)  # the fast path over the adopted object
+        alpha = -0.0  # equal under ==, not the same constant
+        with pytest.raises(StaleGraphError, match=r"closure variable 'alpha' of .*: 0.0 at capture, -0.0 now"):
+            g(X)
+        alpha = 0.0  # noqa: F841 - back: usable again
+        torch.testing.assert_close(g(X), X * 0.0 + 1)
+
+    def test_an_adopted_tensor_is_still_watched_after(self):
+        net = nn.Linear(3, 3)
+        g = _captured(net)
+        net.weight = nn.Parameter(net.weight.detach())  # adopted: the same memory
+        with torch.no_grad():
+            torch.testing.assert_close(g(X), net(X))
+        net.weight.data = torch.zeros(3, 3)  # the adopted object now reads other memory
+        assert _stale_message(g)[1] == "  module.weight: another tensor (the graph reads the old one's memory)"
+
     def test_closure_tensor_replaced(self):
         w = torch.ones(3)
         ref = {"w": w}
