@@ -60,10 +60,13 @@ class Entry:
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
         )
-        # outputs="safe": a second capture of the same call with its own buffers, made the
-        # first time the caller still holds a result at the next call (see _lend)
-        self.twin: Entry | None = None
-        self.make_twin: Any = None  # (entry, leaves, objs, tree) -> (twin | None, its result) | None
+        # outputs="safe": more captures of the same call with buffers of their own, made
+        # when the caller still holds every set's results at a call (see _lend)
+        self.others: list[Entry] = []
+        self.sets_done = False  # no more sets: the next such call captures a copying graph
+        # what the wrapper does when a caller holds the results of every set:
+        # (entry, leaves, objs, tree) -> the call's result
+        self.renew: Any = None
         self.returns_input_td = out_recipe[0] == REF and out_recipe[1][0] == "slot_obj" and out_recipe[1][1] == 0
 
     def written_keys(self) -> list:
@@ -88,20 +91,12 @@ class Entry:
         lender = self.plan.lender
         if lender is not None and lender.busy():
             # The caller still holds a result of the last replay (``out = g(x)`` in a loop
-            # holds it until this call returns): replay the twin, a second capture with its
-            # own buffers, if its results are free; else move what is held to a copy.
-            twin = self.twin
-            if twin is not None and not twin.plan.lender.busy():
-                return twin._replay(leaves, objs, tree)
-            if twin is None and self.make_twin is not None:
-                make, self.make_twin = self.make_twin, None
-                made = make(self, leaves, objs, tree)
-                if made is not None:  # (the twin, or None where it replaced this entry; its result)
-                    twin, out = made
-                    if twin is not None:
-                        self.twin = twin
-                    return out
-            lender.rescue()
+            # holds it until this call returns): replay another output set whose results
+            # are free; else the wrapper captures anew.
+            for other in self.others:
+                if not other.plan.lender.busy():
+                    return other._replay(leaves, objs, tree)
+            return self.renew(self, leaves, objs, tree)
         return self._replay(leaves, objs, tree)
 
     def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
@@ -109,7 +104,7 @@ class Entry:
         self.runner.replay(self.handle)
         if self.single:
             lender = self.plan.lender
-            if lender is not None and lender.lending():
+            if lender is not None:
                 return lender.single()
             out = self.plan.graph[0]
             return out.clone() if self.clone else out
@@ -129,10 +124,10 @@ class Entry:
     def release(self) -> None:
         self.runner.release(self.handle)
         self.handle = None
-        self.make_twin = None
-        if self.twin is not None:
-            self.twin.release()
-            self.twin = None
+        self.renew = None
+        for other in self.others:
+            other.release()
+        self.others = []
 
     # -- cold ----------------------------------------------------------------------------
     def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:

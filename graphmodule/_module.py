@@ -40,6 +40,7 @@ from ._errors import (
     StaleGraphError,
 )
 from ._explain import describe_spec, mismatch_error
+from ._lend import OUTPUT_SETS
 from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import leaf_keys, mode_reader, read_call, record
@@ -55,6 +56,20 @@ log = logging.getLogger("graphmodule")
 
 
 _NOTHING = object()
+
+
+def _eager_renew(wrapper: "CudaGraphModule") -> Callable[..., Any]:
+    """For an entry that could get no fresh output buffers: calls made while its results
+    are held run eagerly (the function's own results)."""
+    ref = weakref.ref(wrapper)
+
+    def renew(entry: Any, leaves: Any, objs: dict, tree: Any) -> Any:
+        wrapper = ref()
+        args, kwargs = tree
+        wrapper._stats.eager_calls += 1
+        return wrapper._runner.run_eager(lambda: wrapper.module(*args, **kwargs))
+
+    return renew
 
 
 def _safe_leaves(tree: Any) -> list:
@@ -205,7 +220,6 @@ class CudaGraphModule(WrapperSurface):
         stats = self._stats.copy()
         stats.graphs = len(self._entries)
         stats.graph_bytes = tuple(entry.capture_bytes for entry in self._entries)
-        stats.moved_outputs = sum(entry.plan.lender.rescues for entry in self._entries if entry.plan.lender)
         stats.pool_bytes = self._runner.pool_bytes() if self._entries and hasattr(self._runner, "pool_bytes") else 0
         return stats
 
@@ -421,50 +435,90 @@ class CudaGraphModule(WrapperSurface):
         log.info("%s: captured graph %d in %.1f ms (%d held)", self._owner, self._stats.captures,
                  1e3 * self._runner.capture_seconds, len(self._entries))
         if entry.plan.lender is not None:
-            entry.make_twin = self._twin_maker()
+            entry.renew = self._renewer()
         return entry.finish(leaves, objs, tree)
 
-    def _twin_maker(self) -> Callable[..., Any]:
-        """What captures an entry's twin (outputs="safe", see _lend), holding no reference
-        to the wrapper or the entry (an entry would otherwise outlive its last use)."""
+    def _renewer(self) -> Callable[..., Any]:
+        """What an entry lending its outputs calls when the caller still holds them
+        (outputs="safe", see _lend), holding no reference to the wrapper or the entry (an
+        entry would otherwise outlive its last use)."""
         ref = weakref.ref(self)
 
-        def make(entry: Entry, leaves: Any, objs: dict, tree: Any) -> tuple[Entry | None, Any] | None:
+        def renew(entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
             wrapper = ref()
-            return wrapper._capture_twin(entry, leaves, objs, tree) if wrapper is not None else None
+            if wrapper is None:  # unreachable while the wrapper calls; kept for safety
+                raise GraphStateError("the wrapper of this graph is gone")
+            return wrapper._renew(entry, leaves, objs, tree)
 
-        return make
+        return renew
 
-    def _capture_twin(self, entry: Entry, leaves, objs, tree) -> tuple[Entry | None, Any] | None:
-        """The same call captured again, with buffers of its own; ``None`` if that failed
-        (the graph captured first then moves held results to copies instead).
+    def _renew(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
+        """A caller holds the results of every output set of ``entry``: the call needs
+        buffers nobody holds. Up to :data:`OUTPUT_SETS` sets, a new one (a *twin*); past
+        that, a graph returning copies replaces them all (a loop that keeps that many
+        results keeps results)."""
+        if not entry.sets_done and 1 + len(entry.others) < OUTPUT_SETS:
+            made = self._capture_twin(entry, leaves, objs, tree)
+            if made is not _NOTHING:
+                return made
+            entry.sets_done = True
+        return self._capture_copying(entry, leaves, objs, tree)
+
+    def _record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool) -> Entry:
+        return record(owner=self._owner, module=self.module, runner=self._runner, layout=entry.spec.layout,
+                      leaves=list(leaves), mode=entry.mode, clone=True, lend=lend, texts=entry.texts,
+                      objs=objs)[0]
+
+    def _capture_twin(self, entry: Entry, leaves, objs, tree) -> Any:
+        """The same call captured again, with buffers of its own; its result, or ``_NOTHING``
+        if that failed.
 
         A function that rebinds state it reads (``group["lr"] = lr0 * alpha``) left that
-        state as the twin's capture made it, which ``entry``'s graph does not read: the twin
-        then replaces ``entry`` (returned as ``(None, result)``), and no twin is tried again.
+        state as the twin's capture made it, which ``entry``'s graphs do not read: the twin
+        then replaces them, and no set is added again.
         """
-        layout, mode, texts = entry.spec.layout, entry.mode, entry.texts
         try:
-            twin, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
-                             leaves=list(leaves), mode=mode, clone=True, lend=True, texts=texts, objs=objs)
+            twin = self._record_again(entry, leaves, objs, lend=True)
         except Exception as err:  # noqa: BLE001 - the first capture of this call is still good
-            log.info("%s: no second output set (%s); results still held at a call are copied",
-                     self._owner, str(err).splitlines()[0] if str(err) else type(err).__name__)
+            log.info("%s: no second output set (%s)", self._owner,
+                     str(err).splitlines()[0] if str(err) else type(err).__name__)
             collect_before_next_capture()
-            return None
+            return _NOTHING
         if twin.plan.lender is None:
             twin.release()
-            return None
+            return _NOTHING
         self._stats.twin_captures += 1
+        twin.renew = entry.renew
         if not entry.watch.check():
+            twin.sets_done = True
             self._entries[self._entries.index(entry)] = twin
-            entry.release()  # results it lent are moved when it goes (see _lend)
+            entry.release()  # results it lent keep its memory (see _lend)
             log.info("%s: the function rebinds state its graph reads; its second capture replaces the "
-                     "first, and results still held at a call are copied", self._owner)
-            return None, twin.finish(leaves, objs, tree)
-        log.info("%s: captured a second output set in %.1f ms (results of the last call were still held)",
+                     "first", self._owner)
+            return twin.finish(leaves, objs, tree)
+        entry.others.append(twin)
+        log.info("%s: captured another output set in %.1f ms (results of the last call were still held)",
                  self._owner, 1e3 * self._runner.capture_seconds)
-        return twin, twin.finish(leaves, objs, tree)
+        return twin.finish(leaves, objs, tree)
+
+    def _capture_copying(self, entry: Entry, leaves, objs, tree) -> Any:
+        """The caller holds results of every output set of ``entry``: capture the call once
+        more, returning copies from then on; if that fails, run such calls eagerly."""
+        try:
+            fresh = self._record_again(entry, leaves, objs, lend=False)
+        except Exception as err:  # noqa: BLE001 - nothing replayable is free: run eagerly
+            log.info("%s: no graph returning copies (%s); calls made while results are held run eagerly",
+                     self._owner, str(err).splitlines()[0] if str(err) else type(err).__name__)
+            collect_before_next_capture()
+            entry.renew = _eager_renew(self)
+            return entry.renew(entry, leaves, objs, tree)
+        self._stats.copy_recaptures += 1
+        sets = 1 + len(entry.others)
+        self._entries[self._entries.index(entry)] = fresh
+        entry.release()  # its graphs: results they lent keep their memory
+        log.info("%s: results of %d calls were held at once; this call now returns copies "
+                 "(captured again in %.1f ms)", self._owner, sets, 1e3 * self._runner.capture_seconds)
+        return fresh.finish(leaves, objs, tree)
 
     def _capture_failed(self, err, layout, leaves, mode, reader, args, kwargs, ran: Any = _NOTHING) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""

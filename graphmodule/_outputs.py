@@ -172,13 +172,13 @@ class Plan:
 
     ``values(clone)`` gives this call's view of the graph's tensors: copies that later
     calls never overwrite (``clone=True``), or the buffers themselves; with a
-    ``lender`` (``outputs="safe"``), the buffers lent out, or copies after a rescue.
+    ``lender`` (``outputs="safe"``), the buffers lent out (see ``_lend``).
     """
 
     def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False):
         self.graph = graph
-        # outputs="safe": the graph's buffers are lent out, and moved before a replay
-        # where a caller still holds them (see _lend)
+        # outputs="safe": the graph's buffers are lent out, and never replayed over while
+        # a caller holds them (see _lend)
         self.lender = Lender(graph) if lend and graph and lendable() else None
         # outputs sharing memory (or overlapping themselves, as expanded tensors do) are
         # copied as one block of bytes, rebuilt with their strides
@@ -194,7 +194,7 @@ class Plan:
     def values(self, clone: bool) -> list[Tensor]:
         graph = self.graph
         lender = self.lender
-        if lender is not None and lender.lending():
+        if lender is not None:
             out = lender.values()
         elif not clone or not graph:
             out = list(graph)

@@ -28,8 +28,8 @@ class GraphStats:
         twin_captures: second captures of a call (outputs="safe"): made the first time a
             result was still held at the next call, so that two sets of output buffers
             alternate instead of copying.
-        moved_outputs: results of the graphs held that were still held by the caller at
-            the next call and so moved to a copy before the replay (``outputs="safe"``).
+        copy_recaptures: graphs captured once more to return copies (``outputs="safe"``):
+            the caller held results of both output sets of a call at once.
         graph_bytes: for each graph held (most recently used first), the device memory
             its capture added to the pool (0 where a shared pool already had room).
 
@@ -57,7 +57,7 @@ class GraphStats:
     pool_bytes: int = 0
     capture_seconds: float = 0.0
     twin_captures: int = 0
-    moved_outputs: int = 0
+    copy_recaptures: int = 0
     graph_bytes: tuple[int, ...] = ()
 
     def copy(self) -> "GraphStats":

@@ -1,10 +1,11 @@
-"""What outputs="safe" does per call in the benchmark's loop: lent, copied, rescued, twin.
+"""What outputs="safe" does per call in the benchmark's loop: first graph, twin, or a capture anew.
 
 Usage: python scripts/lend_diag.py [WORKLOAD ...] [--backend cuda|simulate] [--rounds N]
 Runs each workload's graphmodule_safe variant the way benchmarks/test_benchmarks.py does
 (rounds of 200 calls, ``out = call()``, the previous round's result held while the next
-round runs) and prints, per round, the time per call and how many calls lent their
-results, returned copies, moved held results (rescue) or replayed the twin. The graphmodule
+round runs) and prints, per round, the time per call and how many calls replayed the first
+graph, its twin, or asked the wrapper for fresh buffers (renew: a twin or a graph returning
+copies captured). The graphmodule
 logger runs at INFO, so a failed twin capture shows its reason.
 """
 
@@ -33,22 +34,22 @@ counts: collections.Counter = collections.Counter()
 
 
 def instrument() -> None:
-    rescue, lending, replay = lend.Lender.rescue, lend.Lender.lending, entry_mod.Entry._replay
+    values, replay = lend.Lender.values, entry_mod.Entry._replay
+    single = lend.Lender.single
 
-    def counted_rescue(self):
-        counts["rescue"] += 1
-        return rescue(self)
+    def counted_values(self):
+        counts["lent"] += 1
+        return values(self)
 
-    def counted_lending(self):
-        lent = lending(self)
-        counts["lent" if lent else "copied"] += 1
-        return lent
+    def counted_single(self):
+        counts["lent"] += 1
+        return single(self)
 
     def counted_replay(self, *a):
         counts["twin" if getattr(self, "_is_twin", False) else "first"] += 1
         return replay(self, *a)
 
-    lend.Lender.rescue, lend.Lender.lending, entry_mod.Entry._replay = counted_rescue, counted_lending, counted_replay
+    lend.Lender.values, lend.Lender.single, entry_mod.Entry._replay = counted_values, counted_single, counted_replay
 
 
 def main() -> None:
@@ -88,8 +89,8 @@ def main() -> None:
             for r in range(args.rounds):
                 counts.clear()
                 for e in g._entries:
-                    if e.twin is not None:
-                        e.twin._is_twin = True
+                    for other in e.others:
+                        other._is_twin = True
                 t0 = time.perf_counter()
                 got = many()
                 dt = (time.perf_counter() - t0) / args.calls * 1e6
@@ -102,7 +103,7 @@ def main() -> None:
                 with profile(activities=acts) as prof:
                     got = many()
                 print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=18))
-            print(f"  stats: twin_captures={g.stats.twin_captures} moved_outputs={g.stats.moved_outputs}")
+            print(f"  stats: twin_captures={g.stats.twin_captures} copy_recaptures={g.stats.copy_recaptures}")
             del result, got, g
             sync()
 
