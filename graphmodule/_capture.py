@@ -63,7 +63,7 @@ class Runner(Protocol):
 
     def debug_dump(self, handle: Any, path: str, owner: str) -> None: ...
 
-    def capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]: ...
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False) -> tuple[Any, Any]: ...
 
     def replay(self, handle: Any) -> None: ...
 
@@ -103,7 +103,7 @@ class SimulatedRunner(EagerRunner):
 
     captures = True
 
-    def capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]:
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False) -> tuple[Any, Any]:
         start = time.perf_counter()
         _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
         try:
@@ -186,19 +186,28 @@ class CudaRunner:
             caller.wait_stream(self.stream)
         return out
 
-    def capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]:
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False) -> tuple[Any, Any]:
+        """Capture ``body``; ``alone``: in memory no other graph writes (lent outputs).
+
+        Graphs sharing a pool share memory: a graph captured later may put its outputs in
+        the blocks an earlier graph used for temporaries, which that graph writes at every
+        replay. Outputs lent to callers must not be there: an ``alone`` graph is captured in
+        the runner's pool only while that pool holds no graph, else in a pool of its own.
+        """
         # One capture at a time in the process: captures turn the garbage collector off
         # and on, and a collector run inside another thread's capture can break it.
         with _CAPTURE_LOCK:
             _ACTIVE[0] += 1
             try:
-                return self._capture(body, owner)
+                return self._capture(body, owner, alone)
             finally:
                 _ACTIVE[0] -= 1
 
-    def _capture(self, body: Callable[[], Any], owner: str) -> tuple[Any, Any]:
+    def _capture(self, body: Callable[[], Any], owner: str, alone: bool) -> tuple[Any, Any]:
         start = time.perf_counter()
         self._check_pool(owner)
+        shared = not (alone and (_LIVE.get(self.pool, 0) > 0 or self.pool in _USED))
+        pool = self.pool if shared else torch.cuda.graph_pool_handle()
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream()
             torch.cuda.synchronize()
@@ -230,7 +239,7 @@ class CudaRunner:
                 try:
                     with torch.cuda.stream(self.stream):
                         try:
-                            graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode)
+                            graph.capture_begin(pool=pool, capture_error_mode=self.capture_error_mode)
                         except BaseException as exc:  # noqa: BLE001 - a capture that never started
                             body_error = exc
                         else:
@@ -252,7 +261,7 @@ class CudaRunner:
                 caller.wait_stream(self.stream)
                 if body_error is not None or end_error is not None:
                     original = body_error if body_error is not None else end_error
-                    self._recover(graph)
+                    self._recover(graph, pool)
                     # What the failed capture allocated (the graph, tensors its frames hold) lives
                     # in reference cycles through the error's traceback. Freed by the collector
                     # between a later capture's end and its first replay, it aborted the process
@@ -266,9 +275,10 @@ class CudaRunner:
                 else:
                     if self.debug:
                         graph.instantiate()  # keep_graph=True: capture_end left that to us
-                    _USED.add(self.pool)
-                    _LIVE[self.pool] = _LIVE.get(self.pool, 0) + 1
-                    graph._graphmodule_pool = self.pool
+                    if shared:  # (a pool of its own dies with the graph and its outputs)
+                        _USED.add(self.pool)
+                        _LIVE[self.pool] = _LIVE.get(self.pool, 0) + 1
+                        graph._graphmodule_pool = self.pool
                 # a capture records without running: run once, so `out` holds this call's results
                 graph.replay()
                 # what this capture added to the memory held (segments a shared pool already
@@ -304,7 +314,7 @@ class CudaRunner:
             if _LIVE[pool] == 0 and pool == self.pool and self._given_pool is None:
                 self._new_pool()
 
-    def _recover(self, graph: torch.cuda.CUDAGraph) -> None:
+    def _recover(self, graph: torch.cuda.CUDAGraph, pool: Any) -> None:
         """Leave the process as it was before the failed capture."""
         with torch.cuda.stream(self.stream):
             if torch.cuda.is_current_stream_capturing():  # capture_end never ran
@@ -317,7 +327,7 @@ class CudaRunner:
         end = getattr(torch._C, "_cuda_endAllocateToPool", None)
         if end is not None:
             try:
-                end(self.device.index, self.pool)
+                end(self.device.index, pool)
             except Exception:
                 pass
         try:

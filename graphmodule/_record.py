@@ -127,7 +127,7 @@ def record(
     versions, snapshot = inputs.versions(), inputs.snapshot()
     args, kwargs = materialized.tree
 
-    handle, out = runner.capture(lambda: module(*args, **kwargs), owner)
+    handle, out = runner.capture(lambda: module(*args, **kwargs), owner, alone=lend)
     try:
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
         changed = python.changes()

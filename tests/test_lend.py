@@ -65,6 +65,39 @@ def test_a_kept_result_keeps_its_value(graph_backend):
     assert len({t.data_ptr() for t in kept}) == len(kept)
 
 
+def _with_temporaries(x):
+    y = x * 2 + 1
+    _ = x * 3 + 1  # temporaries: memory the graph writes at every replay, free between them
+    _ = x * 4 + 1
+    return y
+
+
+def test_a_twin_result_survives_the_first_graph_replaying(graph_backend):
+    """Found by the GPU fuzz: a twin captured in the first graph's memory pool put its output
+    in a block the first graph uses for a temporary, so replaying the first graph overwrote
+    a result the caller held."""
+    g = _captured(_with_temporaries, torch.zeros(1), backend=graph_backend)
+    a = g(torch.full((1,), 1.0))
+    b = g(torch.full((1,), 2.0))  # `a` held: the twin runs
+    del a
+    c = g(torch.full((1,), 3.0))  # the first graph again, while `b` is held
+    torch.testing.assert_close(b, _with_temporaries(torch.full((1,), 2.0)))
+    torch.testing.assert_close(c, _with_temporaries(torch.full((1,), 3.0)))
+    assert g.stats.twin_captures == 1
+
+
+def test_results_of_graphs_of_other_signatures_survive(graph_backend):
+    """Graphs of one wrapper share a pool: a lending graph captured after another must not
+    hand out memory the other writes."""
+    g = CudaGraphModule(_with_temporaries, warmup=1, backend=graph_backend, outputs="safe", max_graphs=3)
+    kept = []
+    for i in range(12):
+        x = torch.full((1 + i % 3,), float(i))
+        kept.append((x, g(x)))
+    for x, out in kept:
+        torch.testing.assert_close(out, _with_temporaries(x))
+
+
 def test_a_kept_view_of_a_dropped_result_keeps_its_value(graph_backend):
     g = _captured(f, torch.zeros(4), backend=graph_backend)
     view = g(torch.ones(4))[1:3]  # the result itself is gone; its view is not
@@ -289,8 +322,10 @@ def test_a_process_ending_with_results_held_exits_cleanly(held, tmp_path):
         "print('done')\n"
     )
     root = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+    os = __import__("os")
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)  # (the GPU's wheels)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "PYTHONPATH": root})
+                          env={**os.environ, "PYTHONPATH": path})
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]
     assert "terminate called" not in proc.stderr
 
