@@ -206,7 +206,8 @@ class CudaRunner:
     def _capture(self, body: Callable[[], Any], owner: str, alone: bool) -> tuple[Any, Any]:
         start = time.perf_counter()
         self._check_pool(owner)
-        shared = not (alone and (_LIVE.get(self.pool, 0) > 0 or self.pool in _USED))
+        # (after _check_pool, a pool in _USED holds a graph: emptied ones were replaced)
+        shared = not (alone and self.pool in _USED)
         pool = self.pool if shared else torch.cuda.graph_pool_handle()
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream()

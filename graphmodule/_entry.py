@@ -64,6 +64,7 @@ class Entry:
         # when the caller still holds every set's results at a call (see _lend)
         self.others: list[Entry] = []
         self.sets_done = False  # no more sets: the next such call captures a copying graph
+        self.held_eager = False  # no copying graph could be captured: such calls run eagerly
         # what the wrapper does when a caller holds the results of every set:
         # (entry, leaves, objs, tree) -> the call's result
         self.renew: Any = None

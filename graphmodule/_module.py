@@ -58,20 +58,6 @@ log = logging.getLogger("graphmodule")
 _NOTHING = object()
 
 
-def _eager_renew(wrapper: "CudaGraphModule") -> Callable[..., Any]:
-    """For an entry that could get no fresh output buffers: calls made while its results
-    are held run eagerly (the function's own results)."""
-    ref = weakref.ref(wrapper)
-
-    def renew(entry: Any, leaves: Any, objs: dict, tree: Any) -> Any:
-        wrapper = ref()
-        args, kwargs = tree
-        wrapper._stats.eager_calls += 1
-        return wrapper._runner.run_eager(lambda: wrapper.module(*args, **kwargs))
-
-    return renew
-
-
 def _safe_leaves(tree: Any) -> list:
     return [leaf for leaf in flatten(tree)[0] if isinstance(leaf, torch.Tensor)]
 
@@ -104,12 +90,12 @@ class CudaGraphModule(WrapperSurface):
     Keyword-only options:
         outputs: ``"clone"`` (default): results are fresh tensors that later calls
             never overwrite (one copy per call). ``"safe"``: the same promise without
-            the copy where it can: results are the graph's own buffers lent out, a
-            second capture's buffers alternate with them while you hold the last
-            result, and results still held when both are busy are moved to a copy
-            before the replay (not for raw pointers, other streams, or graphs you
-            capture over the results). ``"static"``: zero-copy, results are the
-            graph's own buffers, overwritten by the next call; copy what you keep.
+            the copy where it can: results are the graph's own buffers lent out, and a
+            graph whose results you hold is not replayed: up to three captures of a
+            call alternate, then one returning copies takes over (not for raw
+            pointers, other streams, or graphs you capture over the results).
+            ``"static"``: zero-copy, results are the graph's own buffers, overwritten
+            by the next call; copy what you keep.
         capture_error_mode: passed to CUDA graph capture. ``"thread_local"``
             (default) lets other threads (data-loader pin-memory threads) use CUDA
             during a capture; ``"global"`` and ``"relaxed"`` as in torch.
@@ -457,6 +443,8 @@ class CudaGraphModule(WrapperSurface):
         buffers nobody holds. Up to :data:`OUTPUT_SETS` sets, a new one (a *twin*); past
         that, a graph returning copies replaces them all (a loop that keeps that many
         results keeps results)."""
+        if entry.held_eager:
+            return self._eager_while_held(tree)
         if not entry.sets_done and 1 + len(entry.others) < OUTPUT_SETS:
             made = self._capture_twin(entry, leaves, objs, tree)
             if made is not _NOTHING:
@@ -480,7 +468,7 @@ class CudaGraphModule(WrapperSurface):
         try:
             twin = self._record_again(entry, leaves, objs, lend=True)
         except Exception as err:  # noqa: BLE001 - the first capture of this call is still good
-            log.info("%s: no second output set (%s)", self._owner,
+            log.info("%s: no further output set (%s)", self._owner,
                      str(err).splitlines()[0] if str(err) else type(err).__name__)
             collect_before_next_capture()
             return _NOTHING
@@ -510,8 +498,8 @@ class CudaGraphModule(WrapperSurface):
             log.info("%s: no graph returning copies (%s); calls made while results are held run eagerly",
                      self._owner, str(err).splitlines()[0] if str(err) else type(err).__name__)
             collect_before_next_capture()
-            entry.renew = _eager_renew(self)
-            return entry.renew(entry, leaves, objs, tree)
+            entry.held_eager = True
+            return self._eager_while_held(tree)
         self._stats.copy_recaptures += 1
         sets = 1 + len(entry.others)
         self._entries[self._entries.index(entry)] = fresh
@@ -519,6 +507,13 @@ class CudaGraphModule(WrapperSurface):
         log.info("%s: results of %d calls were held at once; this call now returns copies "
                  "(captured again in %.1f ms)", self._owner, sets, 1e3 * self._runner.capture_seconds)
         return fresh.finish(leaves, objs, tree)
+
+    def _eager_while_held(self, tree: Any) -> Any:
+        """A call made while every output set's results are held, where no graph returning
+        copies could be captured: the function's own results, run eagerly."""
+        args, kwargs = tree
+        self._stats.eager_calls += 1
+        return self._runner.run_eager(lambda: self.module(*args, **kwargs))
 
     def _capture_failed(self, err, layout, leaves, mode, reader, args, kwargs, ran: Any = _NOTHING) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""

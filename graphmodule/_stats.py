@@ -16,7 +16,9 @@ class GraphStats:
         captures: graphs captured (more than one only after ``reset()``).
         replays: calls answered by replaying the graph (the capturing call included).
         eager_calls: calls after warmup that ran eagerly (no CUDA, or after a failed
-            capture with ``on_capture_failure="eager"``).
+            capture with ``on_capture_failure="eager"``, or with ``outputs="safe"`` while
+            every output set's results were held and no graph returning copies could be
+            captured).
         capture_failures: captures that failed.
         input_mismatches: calls refused because their inputs differed from the capture.
         recaptures: graphs dropped because what they read changed (``on_stale="recapture"``).
@@ -25,11 +27,11 @@ class GraphStats:
         graphs: graphs held now.
         pool_bytes: device memory held by the graphs' memory pool (shared pools count whole).
         capture_seconds: wall time of the last capture.
-        twin_captures: second captures of a call (outputs="safe"): made the first time a
-            result was still held at the next call, so that two sets of output buffers
-            alternate instead of copying.
+        twin_captures: further captures of a call (``outputs="safe"``), with output buffers
+            of their own: made when results of every set were still held at a call, so
+            that the sets alternate instead of copying (at most two per call).
         copy_recaptures: graphs captured once more to return copies (``outputs="safe"``):
-            the caller held results of both output sets of a call at once.
+            the caller held results of all three output sets of a call at once.
         graph_bytes: for each graph held (most recently used first), the device memory
             its capture added to the pool (0 where a shared pool already had room).
 

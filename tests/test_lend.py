@@ -271,6 +271,27 @@ def test_stats_count_the_twins_and_the_copying_capture(graph_backend):
         torch.testing.assert_close(out, f(torch.ones(4)))
 
 
+def test_calls_run_eagerly_where_no_copying_graph_can_be_captured(graph_backend, monkeypatch):
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    record_again = g._record_again
+
+    def failing(entry, leaves, objs, lend):
+        if not lend:
+            raise RuntimeError("no memory for a copying graph")
+        return record_again(entry, leaves, objs, lend)
+
+    monkeypatch.setattr(g, "_record_again", failing)
+    xs = [torch.full((4,), float(i)) for i in range(6)]
+    kept = [g(x) for x in xs]  # three sets lent, then eager calls (their own results)
+    for x, out in zip(xs, kept):
+        torch.testing.assert_close(out, f(x))
+    assert g.stats.twin_captures == 2 and g.stats.copy_recaptures == 0 and g.stats.eager_calls == 3
+    del kept
+    replays = g.stats.replays
+    torch.testing.assert_close(g(torch.ones(4)), f(torch.ones(4)))  # nothing held: a replay again
+    assert g.stats.replays == replays + 1 and g.stats.eager_calls == 3
+
+
 def test_a_result_held_past_the_loop_and_the_loop_variable_need_no_copies(graph_backend):
     """pytest-benchmark's rounds: each round's last result is held while the next round's
     loop holds its own (two results held at once, once in a while)."""
