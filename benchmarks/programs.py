@@ -172,6 +172,7 @@ class Interleave:
         self.wraps = (make_wrap("tensordict"), make_wrap("graphmodule", backend=backend))
         self.built: list = []
         self.host, self.calls = [0.0, 0.0], [0, 0]
+        self.per_fn: list[list[list[float]]] = []  # [function][wrapper] = [host seconds, calls]
         self.blocks: list[tuple[int, float, int]] = []  # (wrapper, seconds, steps)
         self.t_block, self.steps_in_block, self.ticks = 0.0, 0, 0
 
@@ -179,6 +180,8 @@ class Interleave:
         pair = (self.wraps[0](fn, **kwargs), self.wraps[1](fn, **kwargs))
         self.built.append(pair)
         counter = [0]
+        mine = [[0.0, 0], [0.0, 0]]
+        self.per_fn.append(mine)
 
         def call(*args, **kw):
             which = self.active
@@ -188,8 +191,11 @@ class Interleave:
                 return pair[which](*args, **kw)
             t0 = time.perf_counter()
             out = pair[which](*args, **kw)
-            self.host[which] += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.host[which] += dt
             self.calls[which] += 1
+            mine[which][0] += dt
+            mine[which][1] += 1
             return out
 
         return call
@@ -225,6 +231,10 @@ class Interleave:
                 if near:
                     ratios.append(statistics.fmean(near) / v)  # > 1: graphmodule's block was faster
         out["gm_over_td_speed"] = ratios
+        # host µs per call of each wrapped function (in the order the program wrapped them)
+        out["host_us_per_call"] = [
+            {name: (fn[i][0] / fn[i][1] * 1e6 if fn[i][1] else math.nan) for i, name in enumerate(self.NAMES)}
+            for fn in self.per_fn]
         return out
 
 
@@ -300,6 +310,18 @@ def environment(device) -> dict:
     return info
 
 
+def ablate(parts: str) -> None:
+    """Diagnosis only (env ``GM_ABLATE``, comma-separated): switch off a part of
+    graphmodule's per-call work to see what it costs in a real program. ``watch``: the
+    staleness check always passes (a replaced parameter would go unnoticed)."""
+    for part in filter(None, parts.split(",")):
+        if part == "watch":
+            from graphmodule import _stale
+            _stale.Watch.check = lambda self: True
+        else:
+            raise ValueError(f"GM_ABLATE: unknown part {part!r} (known: watch)")
+
+
 def child(program: str, jobs: list[tuple[str, str]], smoke: bool, path: str) -> None:
     """Make the runs ``jobs`` ((wrapper, "timed" | "profile")) of ``program`` in turn, here,
     writing what was done to ``path`` (JSON) after each; stop at the first failure."""
@@ -310,6 +332,7 @@ def child(program: str, jobs: list[tuple[str, str]], smoke: bool, path: str) -> 
     logging.getLogger("tensordict").setLevel(logging.WARNING)  # its per-wrapper INFO lines
     if not cuda:
         torch.set_num_threads(1)  # tiny CPU workloads; far faster on a loaded machine
+    ablate(os.environ.get("GM_ABLATE", ""))
     report = {"environment": environment(device), "done": []}
     for wrapper, kind in jobs:
         if os.environ.get("GRAPHMODULE_BENCH_ABORT") == f"{program}/{wrapper}":
@@ -453,19 +476,22 @@ def run_interleaved(programs, block: int, args) -> tuple[dict, dict | None, int]
 
 def interleaved_table(results: dict) -> str:
     lines = ["| program | block (iterations) | blocks td / gm | steps/s td | steps/s gm | gm/td (whole) "
-             "| gm/td, median of each gm block against its td neighbours | host in wrapped µs/step td / gm |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| gm/td, median of each gm block against its td neighbours | host in wrapped µs/step td / gm "
+             "| host µs per call td / gm, each wrapped function |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for program, timing in results.items():
         if "error" in timing:
-            lines.append(f"| {program} | failed: {timing['error'].replace('|', '/')} | | | | | | |")
+            lines.append(f"| {program} | failed: {timing['error'].replace('|', '/')} | | | | | | | |")
             continue
         inter = timing["interleaved"]
         td, gm = inter["tensordict"], inter["graphmodule"]
         ratios = inter["gm_over_td_speed"]
         host = " / ".join(fmt(w["host_s"] / w["steps"] * 1e6 if w["steps"] else math.nan) for w in (td, gm))
+        per_call = ", ".join(f"{fmt(f['tensordict'])} / {fmt(f['graphmodule'])}"
+                             for f in inter.get("host_us_per_call", []))
         lines.append(f"| {program} | {timing['block']} | {td['blocks']} / {gm['blocks']} | {fmt(td['steps_per_s'])} "
                      f"| {fmt(gm['steps_per_s'])} | {fmt(gm['steps_per_s'] / td['steps_per_s'], 3)}x "
-                     f"| {fmt(statistics.median(ratios), 3) if ratios else '—'}x | {host} |")
+                     f"| {fmt(statistics.median(ratios), 3) if ratios else '—'}x | {host} | {per_call} |")
     return "\n".join(lines)
 
 

@@ -240,18 +240,23 @@ class Watch:
     def check(self) -> bool:
         """Whether everything found at capture is still what the graph reads. Cheap: one
         C-level pass reads every watched place and compares it by identity with what was
-        there at capture, one more compares the tensors' addresses (``p.data = ...`` keeps
-        the object, not its memory). Only a place holding another object (an equal float
-        rebound, a new tensor over the same memory) takes the slower comparison."""
+        there at capture (no list built), one more compares the addresses of the distinct
+        tensors (``p.data = ...`` keeps the object, not its memory). Only a place holding
+        another object (an equal float rebound, a new tensor over the same memory) takes the
+        slower comparison."""
         try:
-            now = list(map(getitem, self._containers, self._keys))
-            if self._cells:
-                now += map(_contents, self._cells)
+            same = all(map(is_, map(getitem, self._containers, self._keys), self._place_objects))
+            if same and self._cells:
+                same = all(map(is_, map(_contents, self._cells), self._cell_objects))
+            if not same and not self._adopt(self._now()):
+                return False
         except (KeyError, IndexError, AttributeError, TypeError, ValueError):
             return False
-        if not all(map(is_, now, self._objects)) and not self._adopt(now):
-            return False
         return _same_addresses(self._tobjs, self._tptrs, self._tindex)
+
+    def _now(self) -> list:
+        """What every watched place holds now (places, then cells)."""
+        return [*map(getitem, self._containers, self._keys), *map(_contents, self._cells)]
 
     def _adopt(self, now: list) -> bool:
         """Some places hold other objects: still what the graph reads if each is a tensor
@@ -271,13 +276,29 @@ class Watch:
         for i in changed:
             objects[i] = now[i]
             if kinds[i] not in (None, "value"):
-                self._tobjs[kinds[i]] = now[i]
+                self._adopt_tensor(kinds[i], now[i])
+        n = len(self._containers)
+        self._place_objects, self._cell_objects = objects[:n], objects[n:]
         return True
+
+    def _adopt_tensor(self, index: int, tensor: torch.Tensor) -> None:
+        """Watch the address of ``tensor``, now at the place of captured tensor ``index``. A
+        slot that other places share keeps its tensor (they still hold it); this place gets
+        a slot of its own."""
+        slot = self._slot[index]
+        if self._slot.count(slot) == 1:
+            self._tobjs[slot] = tensor
+        else:
+            self._slot[index] = len(self._tobjs)
+            self._tobjs.append(tensor)
+            self._tptrs.append(_data_ptr(tensor))
+            self._tindex.append(len(self._tindex))
 
     def freeze(self) -> None:
         """Lay the watched places out for :meth:`check` (after discovery): every place in
-        one list (closure cells last, read by attribute), with what it held at capture and
-        its kind (the tensor's index, ``None`` for an object, ``"value"``)."""
+        one list (closure cells apart, read by attribute), with what it held at capture and
+        its kind (the tensor's index, ``None`` for an object, ``"value"``); the distinct
+        tensors once each for the address check (a parameter is also in its optimizer)."""
         tensors = [(c, k, obj, i) for i, (c, k, obj) in enumerate(zip(self._t[0], self._t[1], self._tensors))]
         objects = [(c, k, obj, None) for c, k, obj in zip(*self._o[:3])]
         values = [(c, k, value, "value") for c, k, value in zip(*self._v[:3])]
@@ -287,11 +308,15 @@ class Watch:
         self._keys = [p[1] for p in places]
         self._cells = [p[0].cell for p in cells]
         self._objects = [p[2] for p in places + cells]
+        self._place_objects = [p[2] for p in places]
+        self._cell_objects = [p[2] for p in cells]
         self._kinds = [p[3] for p in places + cells]
-        self._tptrs = list(self._t[2])
-        self._tobjs = list(self._tensors)
+        slots: dict[int, int] = {}
+        self._slot = [slots.setdefault(id(t), len(slots)) for t in self._tensors]
+        self._tobjs = list({id(t): t for t in self._tensors}.values())
+        self._tptrs = list(map(_data_ptr, self._tobjs))
         self._facts = list(map(_facts, self._tensors))
-        self._tindex = list(range(len(self._tensors)))
+        self._tindex = list(range(len(self._tobjs)))
 
     def changes(self) -> list[tuple[str, str]]:
         """What changed, for the message (the slow path)."""

@@ -13,6 +13,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from graphmodule import CudaGraphModule, StaleGraphError
+from graphmodule._stale import Watch
 
 X = torch.ones(2, 3)
 
@@ -227,6 +228,29 @@ class TestFunctions:
             torch.testing.assert_close(g(X), net(X))
         net.weight.data = torch.zeros(3, 3)  # the adopted object now reads other memory
         assert _stale_message(g)[1] == "  module.weight: another tensor (the graph reads the old one's memory)"
+
+    def test_a_tensor_in_two_places_adopted_in_one_is_still_watched_in_the_other(self):
+        # The address check reads each distinct tensor once (a parameter is also in its
+        # optimizer's list). Adopting a new object at one place must not stop the check of
+        # the old object, which the other place still holds. (The Watch itself: simulated
+        # replays look anew after every re-run, so a wrapper on CPU cannot show this.)
+        net = nn.Linear(3, 3)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+        def step(x):
+            opt.zero_grad(set_to_none=False)
+            net(x).sum().backward()
+            opt.step()
+
+        watch = Watch(step)
+        assert watch.check()
+        old = net.weight
+        opt.param_groups[0]["params"][0] = nn.Parameter(old.detach())  # adopted: the same memory
+        assert watch.check()
+        assert watch.check()  # the fast path over the adopted object
+        old.data = torch.zeros(3, 3)  # the module still holds the old object: other memory now
+        assert not watch.check()
+        assert [what for _, what in watch.changes()] == ["another tensor (the graph reads the old one's memory)"]
 
     def test_closure_tensor_replaced(self):
         w = torch.ones(3)
