@@ -41,8 +41,11 @@ class Entry:
         handle: Any,
         clone: bool,
         texts: list[str],
+        layer: Any = None,
     ):
         self.spec, self.mode = spec, spec.mode
+        # a graph used as a layer: its backward graph, and the autograd node outputs join (_grad)
+        self.layer = layer
         self.inputs, self.effects, self.plan, self.out_recipe = inputs, effects, plan, out_recipe
         self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
         self.texts = texts  # printable place of each input leaf, for messages
@@ -56,9 +59,12 @@ class Entry:
         # effects to be the function's (Effects.requires)
         self.requires, self.layouts = effects.requires, effects.layouts
         self.result_refs = [r for r in ref_recipes(out_recipe) if r[1][0] != "slot_obj"] if effects.ops else []
-        self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
+        self.extra_checks = (
+            self.check_alias or bool(self.stride_checked) or bool(self.requires) or layer is not None
+        )
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
+            and layer is None
         )
         # outputs="safe": more captures of the same call with buffers of their own, made
         # when the caller still holds every set's results at a call (see _lend)
@@ -101,7 +107,11 @@ class Entry:
         return self._replay(leaves, objs, tree)
 
     def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        self.inputs.copy_from(leaves)
+        if self.layer is None:
+            self.inputs.copy_from(leaves)
+        else:
+            with torch.no_grad():  # buffers of inputs that require grad are leaves that do
+                self.inputs.copy_from(leaves)
         self.runner.replay(self.handle)
         if self.single:
             lender = self.plan.lender
@@ -112,7 +122,8 @@ class Entry:
         return self.finish(leaves, objs, tree)
 
     def finish(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        values = self.plan.values(self.clone)
+        layer = self.layer
+        values = self.plan.values(self.clone) if layer is None else layer.values(self.plan, self.clone, leaves)
         memo: dict = {}
         if self.effects.any:
             # objects of the call the result holds, found before the effects move any (a
@@ -125,6 +136,8 @@ class Entry:
     def release(self) -> None:
         self.runner.release(self.handle)
         self.handle = None
+        if self.layer is not None:
+            self.layer.release()
         self.renew = None
         for other in self.others:
             other.release()
@@ -160,6 +173,8 @@ class Entry:
                 found.append(Mismatch(name(i), "stride", str(stride), str(leaves[i].stride())))
         if self.check_alias:
             found += self._alias_mismatches(leaves, name)
+        if self.layer is not None:
+            found += self.layer.mismatches()
         return found
 
     def _alias_mismatches(self, leaves: Any, name) -> list[Mismatch]:
@@ -210,6 +225,8 @@ class Entry:
                 else:
                     for value, recipe in zip(target, op[2]):
                         collect(recipe, value, found)
+            if self.layer is not None:  # the simulated backward differentiates this run
+                self.layer.ran(found)
             # A real replay runs no Python; this re-run did, and may have rebound what the
             # watch holds (``group["lr"] = ...`` inside the function): look again.
             self.watch = Watch(module)

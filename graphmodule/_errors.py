@@ -47,8 +47,9 @@ class Mismatch:
     ``kind`` is one of ``"structure"``, ``"order"``, ``"missing"``, ``"extra"``,
     ``"type"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"layout"``,
     ``"requires_grad"``, ``"value"``, ``"batch_size"``, ``"alias"``, ``"stride"``,
-    ``"mode"``, ``"grad_mode"``, ``"interaction_type"`` or ``"unread"`` (a nested TensorDict
-    the module does not read but writes into, or would merge into).
+    ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"hook"`` (a module backward hook
+    on a graph captured as a layer) or ``"unread"`` (a nested TensorDict the module does
+    not read but writes into, or would merge into).
     """
 
     path: str
@@ -111,9 +112,14 @@ _ADVICE = {
     "capture (x.clone()), or the same aliasing.",
     "stride": "the function returns a view of this input, which the replay rebuilds on your "
     "tensor with the captured strides: pass a tensor of the captured layout (.contiguous()).",
-    "requires_grad": "replays cannot backpropagate to the caller's tensors: pass x.detach(), "
-    "or train inside the wrapped function (loss.backward(); optimizer.step()) and read the "
-    "parameters from the module instead of passing them.",
+    "requires_grad": "requires_grad of every input, and of the parameters a graph backpropagates "
+    "to, is part of the capture: it decides which gradients the backward graph computes. Pass "
+    "inputs as at capture (x.detach() where it did not require grad), keep the parameters' "
+    "requires_grad as at capture (or reset() after changing it), or pass max_graphs=2 to keep one "
+    "graph per pattern of inputs.",
+    "hook": "a replay runs no Python, so a module backward hook inside the graph would not run: "
+    "remove it, register it on a module outside the wrapped block, or hook the parameters' "
+    "gradients (p.register_hook), which run eagerly at every backward.",
 }
 
 
@@ -128,7 +134,8 @@ class InputMismatchError(GraphModuleError, ValueError):
         path, expected, got: those of the first mismatch.
     """
 
-    def __init__(self, owner: str, mismatches: list[Mismatch], when: str = "captured") -> None:
+    def __init__(self, owner: str, mismatches: list[Mismatch], when: str = "captured",
+                 advice: str | None = None) -> None:
         self.owner = owner
         self.mismatches = list(mismatches)
         first = self.mismatches[0]
@@ -139,11 +146,11 @@ class InputMismatchError(GraphModuleError, ValueError):
             f"({count} mismatch{'es' if count > 1 else ''}):"
         ]
         lines += [f"  {m.describe()}" for m in self.mismatches]
-        seen: list[str] = []
-        for m in self.mismatches:
-            advice = _ADVICE.get(m.kind)
-            if advice and advice not in seen:
-                seen.append(advice)
+        seen: list[str] = [advice] if advice else []  # advice given: it replaces the per-kind one
+        for m in () if advice else self.mismatches:
+            text = _ADVICE.get(m.kind)
+            if text and text not in seen:
+                seen.append(text)
         lines += [f"To fix: {advice}" for advice in seen]
         compat: list[str] = []
         for m in self.mismatches:
@@ -157,13 +164,15 @@ class InputMismatchError(GraphModuleError, ValueError):
 
 
 class RequiresGradError(InputMismatchError, RuntimeError):
-    """An input requires grad: a replay cannot backpropagate to it.
+    """An input's ``requires_grad`` differs from the capture's, or an input requires grad
+    where a replay cannot backpropagate to it (a function that runs backward itself).
 
     Also a ``RuntimeError``, which is what ``tensordict.nn.CudaGraphModule`` raises here.
     """
 
-    def __init__(self, owner: str, mismatches: list[Mismatch], when: str = "called") -> None:
-        InputMismatchError.__init__(self, owner, mismatches, when)
+    def __init__(self, owner: str, mismatches: list[Mismatch], when: str = "called",
+                 advice: str | None = None) -> None:
+        InputMismatchError.__init__(self, owner, mismatches, when, advice)
 
 
 class MissingKeyError(InputMismatchError, KeyError):

@@ -31,15 +31,9 @@ from ._capture import capturing, collect_before_next_capture, make_runner
 from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys, sorted_kwargs
 from ._entry import Entry
-from ._errors import (
-    CaptureError,
-    GraphStateError,
-    InputMismatchError,
-    Mismatch,
-    RequiresGradError,
-    StaleGraphError,
-)
+from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import describe_spec, mismatch_error
+from ._grad import tracks_grad
 from ._lend import OUTPUT_SETS
 from ._options import Options, State
 from ._paths import user_stacklevel
@@ -48,7 +42,6 @@ from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
 from ._surface import WrapperSurface
-from ._tree import flatten
 
 __all__ = ["CudaGraphModule"]
 
@@ -56,10 +49,6 @@ log = logging.getLogger("graphmodule")
 
 
 _NOTHING = object()
-
-
-def _safe_leaves(tree: Any) -> list:
-    return [leaf for leaf in flatten(tree)[0] if isinstance(leaf, torch.Tensor)]
 
 
 class CudaGraphModule(WrapperSurface):
@@ -72,7 +61,10 @@ class CudaGraphModule(WrapperSurface):
     from outside its inputs (parameters, optimizer state and hyperparameters, closure
     variables) is unchanged, copies the inputs into the graph's buffers and replays the
     graph on the current stream, without synchronising with the host. Results, effects
-    on the arguments and returned objects are those of the eager call.
+    on the arguments and returned objects are those of the eager call. Called with grad
+    enabled on inputs or parameters that require grad, a function that does not run
+    backward itself is captured with its backward too (a layer, see ``_grad``):
+    gradients flow back through the graph to the inputs and parameters, as eagerly.
 
     A drop-in for ``tensordict.nn.CudaGraphModule``: same arguments, same calling
     conventions (tensors, pytrees, TensorDicts, keyword arguments named after
@@ -193,6 +185,7 @@ class CudaGraphModule(WrapperSurface):
         self._mode = None  # the ModeReader, from the first capture
         self._returned_input: bool | None = None
         self._warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
+        self._layer_hint = False  # the last warmup call returned tensors that track gradients (_grad)
 
     # -- public surface ----------------------------------------------------------------
     @property
@@ -252,10 +245,13 @@ class CudaGraphModule(WrapperSurface):
         """The state and, once captured, each graph's input signature."""
         lines = [f"{self._owner}: state {self._state.value}, {self.stats}"]
         specs = [entry.spec for entry in self._entries] or ([self._eager_spec] if self._eager_spec else [])
-        for n, spec in enumerate(specs):
+        layers = [entry.layer for entry in self._entries] or [None]
+        for n, (spec, layer) in enumerate(zip(specs, layers)):
             lines.append("captured inputs:" if len(specs) == 1 else f"graph {n} inputs:")
             text = describe_spec(spec, self._arg_names)
             lines += ["  " + line for line in text.splitlines()]
+            if layer is not None:
+                lines.append("  " + layer.describe())
         if self._failure is not None:
             lines.append(f"capture failed: {self._failure}")
         return "\n".join(lines)
@@ -355,8 +351,8 @@ class CudaGraphModule(WrapperSurface):
         return self._capture(args, kwargs)
 
     def _warmup_call(self, args: tuple, kwargs: dict) -> Any:
-        self._refuse_grad((args, kwargs))
         out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
+        self._layer_hint = tracks_grad(out)
         self._warmed += 1
         self._stats.warmup_calls += 1
         if self._returned_input is None and self._is_tensordict_module and args:
@@ -373,7 +369,9 @@ class CudaGraphModule(WrapperSurface):
         if count < self.warmup:
             self._pending[key] = count + 1
             self._stats.warmup_calls += 1
-            return self._runner.run_eager(lambda: self.module(*args, **kwargs))
+            out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
+            self._layer_hint = tracks_grad(out)
+            return out
         self._pending.pop(key, None)
         if len(self._entries) >= self.options.max_graphs:
             evicted = self._entries.pop()
@@ -401,7 +399,7 @@ class CudaGraphModule(WrapperSurface):
         try:
             entry, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
                               leaves=leaves, mode=mode, clone=self._clone, lend=self._lend, texts=texts, objs=objs,
-                              eager_keys=self._warm_keys if not self._entries else None)
+                              eager_keys=self._warm_keys if not self._entries else None, alone=self._layer_hint)
         except CaptureError as err:
             if err.cause != USER_ERROR:
                 return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs)
@@ -455,7 +453,7 @@ class CudaGraphModule(WrapperSurface):
     def _record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool) -> Entry:
         return record(owner=self._owner, module=self.module, runner=self._runner, layout=entry.spec.layout,
                       leaves=list(leaves), mode=entry.mode, clone=True, lend=lend, texts=entry.texts,
-                      objs=objs)[0]
+                      objs=objs, alone=entry.layer is not None)[0]
 
     def _capture_twin(self, entry: Entry, leaves, objs, tree) -> Any:
         """The same call captured again, with buffers of its own; its result, or ``_NOTHING``
@@ -559,16 +557,6 @@ class CudaGraphModule(WrapperSurface):
         return self._new_signature(args, kwargs)
 
     # -- errors ------------------------------------------------------------------------
-    def _refuse_grad(self, tree: Any) -> None:
-        """Inputs requiring grad are refused from the first call, as a capture would refuse them."""
-        try:
-            read_call(self._owner, tree, self._by_key(tree[1]), self._arg_names, None)
-        except RequiresGradError:
-            raise
-        except Exception:  # anything else is the function's business while it runs eagerly
-            if any(getattr(t, "requires_grad", False) for t in _safe_leaves(tree)):
-                raise RequiresGradError(self._owner, [Mismatch("inputs", "requires_grad", "False", "True")]) from None
-
     def _raise_mismatch(self, entry: Entry, args: tuple, kwargs: dict, mode: Any) -> None:
         self._raise_mismatch_spec(entry.spec, entry.mode, args, kwargs, mode)
 

@@ -75,6 +75,7 @@ class PlanBuilder:
                 self.input_bases.setdefault(storage_base(buffer), i)
         self.graph: list[Tensor] = []  # tensors the graph produced, in recipe order
         self.graph_requires_grad: list[bool] = []
+        self.sources: list[Tensor] = []  # the same tensors with their autograd history (see _grad)
         self._graph_index: dict[int, int] = {}
         self.stride_checked: set[int] = set()  # inputs whose views are handed back
 
@@ -136,6 +137,7 @@ class PlanBuilder:
             j = self._graph_index[id(t)] = len(self.graph)
             self.graph.append(t.detach())
             self.graph_requires_grad.append(t.requires_grad)
+            self.sources.append(t)
         return (GRAPH, j)
 
     def _td(self, td: TensorDictBase, depth: int) -> tuple:
@@ -241,7 +243,8 @@ def _copy_shared(graph: list[Tensor], members: list[int], out: list[Tensor]) -> 
 
 
 class _NoBackward(torch.autograd.Function):
-    """Marks a replay's outputs as depending on gradients, and refuses to backpropagate."""
+    """Marks a replay's outputs as depending on gradients, and refuses to backpropagate
+    (a train step's outputs; graphs used as layers backpropagate, see ``_grad``)."""
 
     @staticmethod
     def forward(ctx, anchor, *values):
@@ -250,10 +253,12 @@ class _NoBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(
-            "graphmodule: gradients cannot flow back through a CUDA graph replay. The output "
-            "you backpropagated through came from CudaGraphModule; eagerly it would have "
-            "required grad. Put loss.backward() and optimizer.step() inside the wrapped "
-            "function, or call the wrapper under torch.no_grad() and compute the loss eagerly."
+            "graphmodule: gradients cannot flow back through a CUDA graph replay of a function "
+            "that runs backward itself (a train step: it changed a .grad, or freed its outputs' "
+            "graph). The output you backpropagated through came from such a CudaGraphModule "
+            "call; eagerly it would have required grad. Return loss.detach() from the step, or "
+            "compute the loss outside the wrapped function: a wrapped block whose outputs you "
+            "backpropagate through is captured with its backward."
         )
 
 

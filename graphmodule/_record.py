@@ -3,11 +3,13 @@
 The cold path a call takes once per graph:
 
 1. read the call's structure (``Layout``) and refuse what a graph cannot take
-   (missing keys, inputs requiring grad, tensors on another device, sparse tensors);
-2. copy the inputs into static buffers and hand the function fresh containers over them;
+   (missing keys, tensors on another device, sparse tensors);
+2. copy the inputs into static buffers and hand the function fresh containers over them
+   (under grad mode, buffers of inputs that require grad require grad too);
 3. snapshot what the function may change (buffers' versions and bytes, containers,
-   Python state it reads), capture, and compare;
-4. turn the output and the effects into recipes.
+   Python state it reads, ``.grad``), capture, and compare;
+4. turn the output and the effects into recipes; outputs that track gradients get a
+   backward graph (a layer, see ``_grad``) unless the function ran backward itself.
 
 Anything found that a replay could not reproduce raises before the graph is used.
 """
@@ -20,7 +22,8 @@ import torch
 
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
-from ._errors import InputMismatchError, Mismatch, RequiresGradError, UnsupportedError
+from ._errors import InputMismatchError, Mismatch, UnsupportedError
+from ._grad import Marks, capture_layer, track_inputs
 from ._inputs import Materialized, StaticInputs
 from ._mode import ModeReader
 from ._outputs import Plan, PlanBuilder, Unsupported
@@ -40,10 +43,6 @@ def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.devi
     layout = Layout.capture(tree, by_key)
     leaves, objs = layout.leaves(tree)
     texts = leaf_texts(layout.leaf_paths(), arg_names)
-    grads = [Mismatch(text, "requires_grad", "False", "True")
-             for leaf, text in zip(leaves, texts) if isinstance(leaf, Tensor) and leaf.requires_grad]
-    if grads:
-        raise RequiresGradError(owner, grads)
     if device is not None:
         wrong = [Mismatch(text, "device", str(device), str(leaf.device))
                  for leaf, text in zip(leaves, texts) if isinstance(leaf, Tensor) and leaf.device != device]
@@ -112,8 +111,12 @@ def record(
     lend: bool = False,
     objs: dict | None = None,
     eager_keys: list | None = None,
+    alone: bool = False,
 ) -> tuple[Entry, Materialized]:
     """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
+
+    ``alone``: capture in memory no other graph writes, as for lent outputs (a graph that is
+    likely a layer: its activations must outlive the replay, until its backward).
 
     Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
     for an effect or output a replay could not reproduce (the graph is released then).
@@ -121,13 +124,16 @@ def record(
     spec = InputSpec(layout, leaves, mode)
     before = Watch(module)  # what exists before the capture: parameters, state...
     inputs = StaticInputs(layout, leaves)
+    grad = torch.is_grad_enabled()
+    tracked = track_inputs(owner, inputs, leaves, texts) if grad else []
+    marks = Marks(before.externals.values(), [inputs.leaves[i] for i in tracked]) if grad else None
     materialized = Materialized(inputs, callers=objs)
     containers = ContainerSnapshot(materialized)
     python = PythonEffects(before.functions)
     versions, snapshot = inputs.versions(), inputs.snapshot()
     args, kwargs = materialized.tree
 
-    handle, out = runner.capture(lambda: module(*args, **kwargs), owner, alone=lend)
+    handle, out = runner.capture(lambda: module(*args, **kwargs), owner, alone=lend or alone)
     try:
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
         changed = python.changes()
@@ -147,7 +153,10 @@ def record(
         except Unsupported as exc:
             raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
                                    "TensorDicts, tensorclasses or plain objects holding them.") from None
-        plan = Plan(builder.graph, builder.graph_requires_grad, lend=lend)
+        layer = capture_layer(owner=owner, runner=runner, watch=before, inputs=inputs, tracked=tracked, marks=marks,
+                              sources=builder.sources, requires_grad=builder.graph_requires_grad, texts=texts,
+                              clone=clone, lend=lend)
+        plan = Plan(builder.graph, builder.graph_requires_grad if layer is None else [], lend=lend)
     except BaseException:
         runner.release(handle)
         raise
@@ -163,6 +172,7 @@ def record(
         handle=handle,
         clone=clone,
         texts=texts,
+        layer=layer,
     )
     if getattr(handle, "refresh", False) is None:  # a simulated graph
         handle.refresh = entry.make_refresh(rerun_body(module, inputs, materialized.mirrors), module)

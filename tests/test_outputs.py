@@ -48,15 +48,14 @@ class TestOutputs:
         assert same is x
         torch.testing.assert_close(plus, x + 1)
 
-    def test_outputs_track_grad_as_eagerly_but_refuse_backward(self, make):
-        # eagerly x * w requires grad; silently detaching would make loss.backward()
-        # train nothing through this output, so backward raises instead
+    def test_outputs_track_grad_and_backpropagate_as_eagerly(self, make):
+        # eagerly x * w requires grad: the graph is captured with its backward (see test_grad)
         w = torch.nn.Parameter(torch.ones(2))
         g = _replaying(make, lambda x: x * w, torch.ones(2))
-        out = g(torch.ones(2))
+        out = g(torch.full((2,), 3.0))
         assert out.requires_grad
-        with pytest.raises(RuntimeError, match="gradients cannot flow back through a CUDA graph replay"):
-            (out.sum() + w.sum()).backward()
+        (out.sum() + w.sum()).backward()
+        torch.testing.assert_close(w.grad, torch.full((2,), 4.0))
 
     def test_outputs_under_no_grad_do_not_require_grad(self, make):
         w = torch.nn.Parameter(torch.ones(2))
