@@ -59,9 +59,7 @@ class Entry:
         # effects to be the function's (Effects.requires)
         self.requires, self.layouts = effects.requires, effects.layouts
         self.result_refs = [r for r in ref_recipes(out_recipe) if r[1][0] != "slot_obj"] if effects.ops else []
-        self.extra_checks = (
-            self.check_alias or bool(self.stride_checked) or bool(self.requires) or layer is not None
-        )
+        self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
             and layer is None
@@ -89,7 +87,9 @@ class Entry:
     # -- the replay path -----------------------------------------------------------------
     def extra_ok(self, leaves: Any, objs: dict) -> bool:
         """Aliasing, strides and unread structure, where the replay depends on them
-        (usually nothing to do)."""
+        (usually nothing to do); for a layer, what its backward graph depends on."""
+        if self.layer is not None and not self.layer.ok():
+            return False
         if not self.extra_checks:
             return True
         return not self.extra_mismatches(leaves, None, objs)

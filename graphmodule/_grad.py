@@ -31,6 +31,12 @@ What the node refuses, with an error instead of wrong gradients:
 - module backward hooks (they run Python, which a replay does not), at capture or added
   since; a parameter's own hooks (``p.register_hook``) run eagerly at every backward.
 
+Memory: a forward's activations must stay as it left them until its backward. A call whose
+warmup result tracked gradients is captured where no other graph writes (as lent outputs
+are, see ``_capture``); the backward graph, whose results are consumed within the backward
+pass, goes in the shared pool. It is run once eagerly on the captured forward's activations
+before its capture (no second forward), so that what it uses initialises outside the capture.
+
 With ``backend="simulate"`` the backward "replay" runs ``torch.autograd.grad`` on the
 outputs of the forward's last re-run, so CPU tests exercise the same path.
 """
@@ -38,11 +44,12 @@ outputs of the forward's last re-run, so CPU tests exercise the same path.
 from __future__ import annotations
 
 import contextlib
-from operator import getitem
+from operator import attrgetter, getitem
 from typing import Any, Iterator
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from ._errors import GraphStateError, Mismatch, RequiresGradError, UnsupportedError
 from ._inputs import StaticInputs
@@ -50,6 +57,7 @@ from ._inputs import StaticInputs
 __all__ = ["Layer", "Marks", "capture_layer", "track_inputs", "tracks_grad"]
 
 Tensor = torch.Tensor
+_requires_grad = attrgetter("requires_grad")
 
 _STEP_ADVICE = (
     "the function runs backward itself (a train step), and a replay cannot extend that backward "
@@ -176,9 +184,7 @@ def _module_hooks(modules: list[tuple[nn.Module, str]]) -> list[Mismatch]:
         count = len(m._backward_hooks) + len(m._backward_pre_hooks)
         if count:
             found.append(Mismatch(where, "hook", "none", f"{count} module backward hook{'s' * (count > 1)}"))
-    from torch.nn.modules import module as _m
-
-    count = len(_m._global_backward_hooks) + len(_m._global_backward_pre_hooks)
+    count = len(_nn_module._global_backward_hooks) + len(_nn_module._global_backward_pre_hooks)
     if count:
         found.append(Mismatch("torch.nn.modules.module (global)", "hook", "none",
                               f"{count} global module backward hook{'s' * (count > 1)}"))
@@ -281,8 +287,12 @@ class Layer:
         # leaves the graph reads that did not require grad: one that does now would get none
         frozen = [t for t in watch.externals.values() if t.is_leaf and not t.requires_grad
                   and t.dtype.is_floating_point and id(t) not in {id(p) for p in params}]
-        self._frozen = _places(frozen, modules)
-        self._frozen_pairs = [(c, k, label) for c, k, label in zip(*self._frozen) if not isinstance(c, list)]
+        self._frozen = [(c, k, label) for c, k, label in zip(*_places(frozen, modules)) if not isinstance(c, list)]
+        self._frozen_places = [c for c, _, _ in self._frozen], [k for _, k, _ in self._frozen]
+        # the hook dicts of every module the graph reaches, and the global ones (registering a
+        # hook adds to them): a hook added since the capture would not run in a replay
+        self._hooks = [d for m, _ in modules for d in (m._backward_hooks, m._backward_pre_hooks)]
+        self._hooks += [_nn_module._global_backward_hooks, _nn_module._global_backward_pre_hooks]
         # gradients handed on to your code are copies, as results are (outputs="static": the buffers)
         self.clone_grads = clone
         # results that are the graph's memory (static, lent) are saved: a write into one before
@@ -320,23 +330,33 @@ class Layer:
 
     def _simulate(self) -> None:
         """A simulated backward replay: the gradients of the last forward re-run's outputs."""
-        grads = self._grad([self.fresh[j] for j in self.out_index], self._frontier())
+        frontier = self._frontier()
+        live = [k for k, t in enumerate(frontier) if t.requires_grad]  # (frozen since: autograd drops it)
+        grads = dict(zip(live, self._grad([self.fresh[j] for j in self.out_index], [frontier[k] for k in live])))
         with torch.no_grad():
-            for buffer, grad in zip(self.grad_in, grads):
+            for k, buffer in enumerate(self.grad_in):
                 if buffer is not None:
-                    buffer.copy_(grad) if grad is not None else buffer.zero_()
+                    buffer.copy_(grads[k]) if grads.get(k) is not None else buffer.zero_()
 
     def ran(self, found: dict[int, Tensor]) -> None:
         """A simulated forward replay re-ran the function: its outputs, for the backward."""
         self.fresh = found
 
     # -- calls -------------------------------------------------------------------------
+    def ok(self) -> bool:
+        """Whether a call finds what :meth:`mismatches` checks unchanged (every call: C-level passes).
+
+        A parameter frozen since the capture needs no check: autograd drops the gradient the
+        backward graph still computes for it, as eagerly it computes none."""
+        if any(self._hooks):
+            return False
+        return not self._frozen or not any(map(_requires_grad, map(getitem, *self._frozen_places)))
+
     def mismatches(self) -> list[Mismatch]:
-        """What a call may not change since the capture (checked at every call)."""
-        found = [Mismatch(label, "requires_grad", "True", "False")
-                 for p, label in zip(self.params(), self.labels) if not p.requires_grad]
-        found += [Mismatch(label, "requires_grad", "False", "True")
-                  for c, k, label in self._frozen_pairs if getitem(c, k).requires_grad]
+        """What a call may not change since the capture: a parameter the backward graph gives no
+        gradient (it did not require grad) that requires grad now; module backward hooks."""
+        found = [Mismatch(label, "requires_grad", "False", "True")
+                 for c, k, label in self._frozen if getitem(c, k).requires_grad]
         return found + _module_hooks(self.modules)
 
     def values(self, plan: Any, clone: bool, leaves: Any) -> list[Any]:
