@@ -359,6 +359,25 @@ class TestSignature:
                     _close(expected, x.grad)
         assert g.stats.graphs == 2
 
+    def test_two_graphs_of_one_wrapper_both_pending_backward(self, make, graph_backend):
+        # graphs of one wrapper: the second's activations must not lie where the first writes
+        torch.manual_seed(1)
+        block = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 3))
+        twin = copy.deepcopy(block)
+        g = make(block, warmup=1, max_graphs=2, backend=graph_backend)
+        for _ in range(4):
+            xs = [torch.randn(8, 3, requires_grad=True), torch.randn(5, 3, requires_grad=True)]
+            copies = [x.detach().clone().requires_grad_() for x in xs]
+            block.zero_grad()
+            twin.zero_grad()
+            sum(g(x).pow(2).sum() for x in xs).backward()  # both forwards, then both backwards
+            sum(twin(x).pow(2).sum() for x in copies).backward()
+            for x, c in zip(xs, copies):
+                _close(x.grad, c.grad)
+            for p, q in zip(block.parameters(), twin.parameters()):
+                _close(p.grad, q.grad)
+        assert g.stats.graphs == 2
+
     def test_parameter_frozen_after_capture_gets_no_gradient(self, make, graph_backend):
         torch.manual_seed(0)
         block = nn.Linear(3, 2)
