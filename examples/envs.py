@@ -7,7 +7,12 @@ observation ``[cos th, sin th, thdot]``, reward ``-(angle_normalize(th)^2 + 0.1 
 
 ``step`` and ``step_and_maybe_reset`` are tensor operations only: no ``.item()``, no
 boolean-mask indexing, no Python branch on a tensor. They never wait for the device, so
-a rollout queues its work without host synchronisation (and ``step`` could be graphed).
+a rollout queues its work without host synchronisation. They also keep the state in place
+(``copy_``, ``add_``, ``masked_fill_`` into the same tensors, never a new tensor bound to
+the attribute), so a CUDA graph that steps an env reads and writes the env's own memory at
+every replay: ``examples/train_ppo.py`` captures a whole rollout of them as one graph. Inside
+a graph, draw the reset states from torch's default generator (``seed=None``): a CUDA graph
+captures that one only, and a ``torch.Generator`` of the env's own fails the capture.
 
 >>> env = Pendulum(4, "cpu", seed=0)
 >>> td = env.reset()
@@ -34,6 +39,11 @@ def angle_normalize(x: torch.Tensor) -> torch.Tensor:
     return ((x + math.pi) % (2 * math.pi)) - math.pi
 
 
+def _generator(device: torch.device, seed: int | None) -> torch.Generator | None:
+    """The reset states' generator: one of the env's own, or ``None`` (torch's default)."""
+    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
+
+
 def _write_next(env, td: TensorDict, reward: torch.Tensor, terminated: torch.Tensor,
                 truncated: torch.Tensor) -> TensorDict:
     """Write one step's ``"next"`` entries into ``td`` and return it: ``env``'s observation
@@ -44,7 +54,8 @@ def _write_next(env, td: TensorDict, reward: torch.Tensor, terminated: torch.Ten
         done=(terminated | truncated).unsqueeze(-1),
         terminated=terminated.unsqueeze(-1),
         truncated=truncated.unsqueeze(-1),
-        episode_reward=env.episode_reward.unsqueeze(-1),
+        # a copy: the env's running sum is reset in place when the episode ends
+        episode_reward=env.episode_reward.unsqueeze(-1).clone(),
         batch_size=[env.num_envs],
         device=env.device,
     )
@@ -58,15 +69,19 @@ class Pendulum:
     ``("next", "done")``, ``("next", "terminated")``, ``("next", "truncated")`` and
     ``("next", "episode_reward")`` (the return so far, TorchRL's ``RewardSum``), all [N, 1].
     Pendulum never terminates; an episode is truncated after ``max_steps`` steps.
+
+    ``seed`` seeds a generator of the env's own for the reset states; ``seed=None`` draws them
+    from torch's default generator instead (seed it with ``torch.manual_seed``), which is the
+    one a CUDA graph can capture.
     """
 
     max_speed, max_torque, dt, g, m, l = 8.0, 2.0, 0.05, 10.0, 1.0, 1.0
     obs_dim, act_dim = 3, 1
 
-    def __init__(self, num_envs: int, device: torch.device | str = "cpu", seed: int = 0,
+    def __init__(self, num_envs: int, device: torch.device | str = "cpu", seed: int | None = 0,
                  max_steps: int = 200) -> None:
         self.num_envs, self.device, self.max_steps = num_envs, torch.device(device), max_steps
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = _generator(self.device, seed)
         zeros = torch.zeros(num_envs, device=self.device)
         self.th, self.thdot, self.episode_reward = zeros.clone(), zeros.clone(), zeros.clone()
         self.step_count = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
@@ -102,11 +117,12 @@ class Pendulum:
         costs = angle_normalize(th) ** 2 + 0.1 * thdot ** 2 + 0.001 * u ** 2
         newthdot = thdot + (3 * g / (2 * l) * torch.sin(th) + 3.0 / (m * l ** 2) * u) * dt
         newthdot = newthdot.clamp(-self.max_speed, self.max_speed)
-        self.th = th + newthdot * dt
-        self.thdot = newthdot
-        self.step_count = self.step_count + 1
+        # in place (see the module's docstring): a graph replays into these same tensors
+        self.th.copy_(th + newthdot * dt)
+        self.thdot.copy_(newthdot)
+        self.step_count.add_(1)
         reward = -costs
-        self.episode_reward = self.episode_reward + reward
+        self.episode_reward.add_(reward)
         truncated = self.step_count >= self.max_steps
         terminated = torch.zeros_like(truncated)
         return _write_next(self, td, reward, terminated, truncated)
@@ -122,10 +138,10 @@ class Pendulum:
         td = self.step(td)
         done = td["next", "done"].reshape(self.num_envs)
         fresh = self._random_state()
-        self.th = torch.where(done, fresh[:, 0], self.th)
-        self.thdot = torch.where(done, fresh[:, 1], self.thdot)
-        self.step_count = torch.where(done, 0, self.step_count)
-        self.episode_reward = torch.where(done, 0.0, self.episode_reward)
+        self.th.copy_(torch.where(done, fresh[:, 0], self.th))
+        self.thdot.copy_(torch.where(done, fresh[:, 1], self.thdot))
+        self.step_count.masked_fill_(done, 0)
+        self.episode_reward.masked_fill_(done, 0.0)
         next_td = TensorDict(observation=self.observation(), batch_size=[self.num_envs], device=self.device)
         return td, next_td
 
@@ -149,7 +165,8 @@ class CartPole:
     ``("next", "terminated")``, ``("next", "truncated")`` and ``("next", "episode_reward")``,
     all [N, 1]. The state is kept in ``dtype`` (float32 by default; gymnasium computes in
     float64, which ``dtype=torch.float64`` reproduces to the last bits or so). Like
-    :class:`Pendulum`, ``step`` and ``step_and_maybe_reset`` are tensor operations only.
+    :class:`Pendulum`, ``step`` and ``step_and_maybe_reset`` are tensor operations only, keep
+    the state in place, and ``seed=None`` draws the reset states from torch's default generator.
 
     >>> env = CartPole(4, "cpu", seed=0)
     >>> td = env.reset()
@@ -166,10 +183,10 @@ class CartPole:
     x_threshold = 2.4
     obs_dim, act_dim, num_actions = 4, 2, 2
 
-    def __init__(self, num_envs: int, device: torch.device | str = "cpu", seed: int = 0,
+    def __init__(self, num_envs: int, device: torch.device | str = "cpu", seed: int | None = 0,
                  max_steps: int = 500, dtype: torch.dtype = torch.float32) -> None:
         self.num_envs, self.device, self.max_steps, self.dtype = num_envs, torch.device(device), max_steps, dtype
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = _generator(self.device, seed)
         self.state = torch.zeros(num_envs, 4, device=self.device, dtype=dtype)
         self.episode_reward = torch.zeros(num_envs, device=self.device)
         self.step_count = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
@@ -208,13 +225,13 @@ class CartPole:
         # euler: positions move with the old velocities
         x, x_dot = x + self.tau * x_dot, x_dot + self.tau * xacc
         theta, theta_dot = theta + self.tau * theta_dot, theta_dot + self.tau * thetaacc
-        self.state = torch.stack([x, x_dot, theta, theta_dot], -1)
+        self.state.copy_(torch.stack([x, x_dot, theta, theta_dot], -1))  # in place, as Pendulum
         terminated = ((x < -self.x_threshold) | (x > self.x_threshold)
                       | (theta < -self.theta_threshold_radians) | (theta > self.theta_threshold_radians))
-        self.step_count = self.step_count + 1
+        self.step_count.add_(1)
         truncated = self.step_count >= self.max_steps
         reward = torch.ones(self.num_envs, device=self.device)
-        self.episode_reward = self.episode_reward + reward
+        self.episode_reward.add_(reward)
         return _write_next(self, td, reward, terminated, truncated)
 
     def step_and_maybe_reset(self, td: TensorDict) -> tuple[TensorDict, TensorDict]:
@@ -222,8 +239,8 @@ class CartPole:
         :meth:`Pendulum.step_and_maybe_reset` does (no host synchronisation)."""
         td = self.step(td)
         done = td["next", "done"].reshape(self.num_envs)
-        self.state = torch.where(done.unsqueeze(-1), self._random_state(), self.state)
-        self.step_count = torch.where(done, 0, self.step_count)
-        self.episode_reward = torch.where(done, 0.0, self.episode_reward)
+        self.state.copy_(torch.where(done.unsqueeze(-1), self._random_state(), self.state))
+        self.step_count.masked_fill_(done, 0)
+        self.episode_reward.masked_fill_(done, 0.0)
         next_td = TensorDict(observation=self.observation(), batch_size=[self.num_envs], device=self.device)
         return td, next_td

@@ -1,47 +1,60 @@
 """PPO on the batched torch Pendulum, eagerly, as CUDA graphs, compiled, or both.
 
     python examples/train_ppo.py --mode graph --out results/
-    python examples/train_ppo.py --mode eager --envs 64 --steps 400000 --seed 1
+    python examples/train_ppo.py --mode eager --envs 1 --rollout 1024 --minibatch 64 --max-seconds 60
     python examples/train_ppo.py --smoke --mode graph       # a few seconds on a CPU
 
 ``--mode``:
 
 - ``eager``: plain PyTorch.
-- ``graph``: ``graphmodule.CudaGraphModule`` around the three hot functions: the policy step
-  (one call per env step), GAE (one per rollout) and the PPO update (one per minibatch: loss,
-  ``backward()``, gradient clipping and ``Adam.step()``, Adam with ``capturable=True``).
-- ``compile``: ``torch.compile`` on the same three functions.
-- ``compile+graph``: ``torch.compile`` inside the wrapper (compiled during the warmup calls).
+- ``graph``: ``graphmodule.CudaGraphModule`` around two functions. ``rollout`` is a whole
+  iteration's collection as one CUDA graph, called once per iteration: ``--rollout`` steps of
+  policy (sampling included), env step and auto-reset, the transitions stacked into the
+  rollout's storage, GAE over it, and the finished episodes' returns counted on the device.
+  ``update`` is one PPO minibatch update (loss, ``backward()``, gradient clipping and
+  ``Adam.step()``, Adam with ``capturable=True``), one graph replayed for every minibatch.
+  Outside the graphs: the learning-rate annealing (a tensor filled in place), the minibatch
+  permutation and indexing, and the progress report.
+- ``compile``: ``torch.compile`` on one env step (policy and env), GAE and the update.
+- ``compile+graph``: the same compiled functions inside the graphs (compiled during the
+  warmup calls; the rollout graph replays ``--rollout`` compiled steps).
 
-Without CUDA the graph modes still run: graphmodule warns once and calls the functions
-eagerly (with its input checks), so they train exactly like ``eager``.
+``eager`` runs the very functions the graph modes wrap. Without CUDA the graph modes still
+run: graphmodule warns once and calls the functions eagerly (with its input checks), so they
+train exactly like ``eager``; ``--graph-backend simulate`` runs graphmodule's capture and replay
+machinery on the CPU instead, with the same result.
 
-Everything stays on the device: the environment is ``examples.envs.Pendulum`` (tensor ops,
-no host synchronisation), actions are sampled as ``loc + scale * torch.randn_like(loc)``
-(capturable: fresh noise at every replay), and the learning rate is a tensor annealed in
-place outside the graphs. The host reads the device only to report progress (once per
-``--log-every`` iterations).
+A rollout can be one graph because everything it touches stays on the device and in place:
+``examples.envs.Pendulum`` is tensor operations only (no host synchronisation; its state is
+updated in place and its reset states come from torch's default generator, which a graph
+replays afresh), actions are sampled as ``loc + scale * torch.randn_like(loc)`` (fresh noise at
+every replay; ``torch.distributions`` would check ``scale`` on the host), and the episode
+counters are device tensors added to in place. The host reads the device only to report
+progress (once per ``--log-every`` iterations).
+
+A rollout lasts one whole episode (200 steps) by default: the envs start together and
+Pendulum truncates them all at step 200, so a shorter rollout of many envs trains on one phase
+of the episode at a time (all swing-up, then all balancing) and forgets the other; in runs on
+CPU, 256 envs with 16-step rollouts hovered between -200 and -600 for a million steps, and with
+200-step rollouts climbed steadily past -200. With one env, a rollout of 1024 steps spans five
+episodes.
 
 Output: a progress bar (tqdm if installed, else a printed line now and then) with env steps/s
-and the mean return of the latest finished episodes; with ``--out DIR``,
-``DIR/train_ppo_<mode>.csv`` (wall_seconds, env_steps, mean_return) and ``DIR/train_ppo.png``
-(mean return against wall-clock seconds for every ``train_ppo_*.csv`` in DIR; needs
-matplotlib). Last, one summary line, with the return of a uniformly random policy on the
-same environment for comparison (about -1200 on Pendulum). Wall-clock time counts
-everything from the first rollout on: warmup, graph capture and compilation included.
+and the mean return of the latest finished episodes. With ``--out DIR``:
+``DIR/train_ppo_<mode>.csv`` (wall_seconds, env_steps, mean_return),
+``DIR/train_ppo_<mode>_summary.json`` (what the summary line says, with the device, the torch
+version, the graphs' counters and the settings) and ``DIR/train_ppo.png`` (mean return against
+wall-clock seconds for every ``train_ppo_*.csv`` in DIR; needs matplotlib). Last, one summary
+line: steps/s, the final return, the return of a uniformly random policy on the same
+environment (about -1260), and when the return first reached ``--threshold`` (default -200:
+the mean of the latest 10 or more finished episodes), in seconds and env steps.
+Wall-clock time counts everything from the first rollout on: warmup, graph capture and
+compilation included. ``--max-seconds S`` ends the run early (at the first report after S).
 
-Observed on CPU (2 cores, torch 2.13 CPU build, ``--mode eager``, default settings: 32 envs,
-64-step rollouts, 10 epochs of 256-sample minibatches, lr 1e-3 annealed, 150 iterations =
-307 200 env steps, seed 0): 36 s in all, about 8 600 env steps/s. The mean return of the
-finished training episodes went from -1 065 (first episodes; random policy: -1 263) to -742
-after 27 000 steps and -196 after 45 000 (6 s), then wandered between -200 and -340 with one
-dip to -757 around 160 000 steps (PPO on Pendulum without state-dependent exploration is not
-monotone), and ended at -245; the final policy's mean action scored -199. ``--mode graph``
-without CUDA trains identically (eager fallback). ``--mode compile`` compiles for the CPU
-(some 20 s of compilation in a smoke run) and trains on different random numbers. GPU numbers
-are still to be measured.
+Observed on CPU: OBSERVED
+GPU numbers: see benchmarks/RESULTS.md (``scripts/gpu_examples.sh`` runs every mode with one env
+and with many).
 """
-
 from __future__ import annotations
 
 import math
@@ -56,12 +69,12 @@ from tensordict import TensorDict, from_module
 from torch import nn
 
 from examples.envs import Pendulum
-from examples.training import Report, parse_flags, run_training, wrap
+from examples.training import Report, compiled, graphed, parse_flags, run_training, wrap
 
 SCRIPT, ALGO = "train_ppo", "PPO"
 
 # --envs, --steps and the rest; --smoke swaps in tiny sizes (explicit flags still win)
-DEFAULTS = dict(envs=32, steps=307_200, rollout=64, minibatch=256, epochs=10, hidden=64, log_every=1)
+DEFAULTS = dict(envs=64, steps=512_000, rollout=200, minibatch=512, epochs=10, hidden=64, log_every=1)
 SMOKE = dict(envs=4, steps=4 * 32 * 20, rollout=32, minibatch=32, epochs=2, hidden=16, log_every=2)
 # this script's own flags (integers; --help lists them between --steps and --seed)
 FLAGS = {
@@ -126,7 +139,9 @@ class Agent(nn.Module):
 def train(args) -> None:
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    env = Pendulum(args.envs, device, seed=args.seed)
+    # seed=None: the reset states come from torch's default generator (seeded above), the one
+    # generator a CUDA graph captures; the rollout graph replays the env's resets too
+    env = Pendulum(args.envs, device, seed=None)
     agent = Agent(args.hidden, device)
     # The rollout's copy of the agent: the same storage, detached (no autograd history)
     agent_inference = Agent(args.hidden, device)
@@ -142,9 +157,18 @@ def train(args) -> None:
     # (a Python float changed after the capture would be a StaleGraphError)
     lr = torch.tensor(LR, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    report = Report(args, iterations, frames, SCRIPT, ALGO)
 
-    def policy(obs):
-        return agent_inference.act(obs)
+    def env_step(obs):
+        """One step of every env under the current policy; the transition and the next observation."""
+        action, raw, logprob, value = agent_inference.act(obs)
+        td, next_td = env.step_and_maybe_reset(TensorDict(observation=obs, action=action, batch_size=[args.envs]))
+        transition = TensorDict(
+            obs=obs, raw=raw, logprob=logprob, value=value, next_obs=td["next", "observation"],
+            reward=td["next", "reward"].squeeze(-1), done=td["next", "done"].squeeze(-1),
+            terminated=td["next", "terminated"].squeeze(-1), episode_reward=td["next", "episode_reward"].squeeze(-1),
+            batch_size=[args.envs])
+        return transition, next_td["observation"]
 
     def gae(container):
         next_value = agent_inference.critic(container["next_obs"]).squeeze(-1)
@@ -159,6 +183,23 @@ def train(args) -> None:
         container["returns"] = container["advantages"] + container["value"]
         return container
 
+    env_step, gae = compiled(env_step, args.mode), compiled(gae, args.mode)
+
+    @torch.no_grad()
+    def rollout():
+        """``--rollout`` steps of every env, their advantages, and the finished episodes counted:
+        one CUDA graph in the graph modes. It reads the env, the agent and the counters from
+        their own memory and updates them in place, so every replay continues where the last
+        one stopped; the Python ``for`` is unrolled into the graph."""
+        obs = env.observation()
+        transitions = []
+        for _ in range(args.rollout):
+            transition, obs = env_step(obs)
+            transitions.append(transition)
+        container = gae(torch.stack(transitions))  # [rollout, envs]
+        report.add_episodes(container["done"], container["episode_reward"])
+        return container
+
     def update(obs, raw, logprob, advantages, returns):
         optimizer.zero_grad()
         policy_loss, value_loss, approx_kl = agent.losses(obs, raw, logprob, advantages, returns)
@@ -168,34 +209,18 @@ def train(args) -> None:
         return policy_loss.detach(), value_loss.detach(), approx_kl
 
     backend = dict(backend=args.graph_backend)
-    policy = wrap(policy, args.mode, **backend)
-    gae = wrap(gae, args.mode, **backend)
+    rollout = graphed(rollout, args.mode, **backend)
     update = wrap(update, args.mode, warmup=5, **backend)
 
-    report = Report(args, iterations, frames, SCRIPT, ALGO)
-    td = env.reset()
+    env.reset()
     for iteration in report:  # counts the env steps; reports progress every --log-every iterations
         lr.fill_(LR * (1 - iteration / iterations))
-        transitions = []
-        with torch.no_grad():
-            for _ in range(args.rollout):
-                action, raw, logprob, value = policy(td["observation"])
-                td["action"] = action
-                td, next_td = env.step_and_maybe_reset(td)
-                transitions.append(TensorDict(
-                    obs=td["observation"], raw=raw, logprob=logprob, value=value,
-                    next_obs=td["next", "observation"], reward=td["next", "reward"].squeeze(-1),
-                    done=td["next", "done"].squeeze(-1), terminated=td["next", "terminated"].squeeze(-1),
-                    batch_size=[args.envs]))
-                report.add_episodes(td)
-                td = next_td
-            container = gae(torch.stack(transitions))  # [rollout, envs]
-        flat = container.reshape(-1)
+        flat = rollout().reshape(-1)
         for _ in range(args.epochs):
             for index in torch.randperm(frames, device=device).split(args.minibatch):
                 batch = flat[index]
                 update(batch["obs"], batch["raw"], batch["logprob"], batch["advantages"], batch["returns"])
-    report.finish(dict(policy=policy, gae=gae, update=update), agent_inference.mean_action)
+    report.finish(dict(rollout=rollout, update=update), agent_inference.mean_action)
 
 
 def main(argv=None) -> None:

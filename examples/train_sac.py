@@ -59,7 +59,7 @@ from tensordict import TensorDict, from_module
 from torch import nn
 
 from examples.envs import Pendulum
-from examples.training import ReplayBuffer, Report, parse_flags, run_training, wrap
+from examples.training import ReplayBuffer, Report, compiled, graphed, parse_flags, run_training
 
 SCRIPT, ALGO = "train_sac", "SAC"
 
@@ -134,7 +134,9 @@ def frozen(module: nn.Module, *args):
 def train(args) -> None:
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    env = Pendulum(args.envs, device, seed=args.seed)
+    # seed=None: the reset states come from torch's default generator (seeded above), the one
+    # generator a CUDA graph captures; the step graphs replay the env's resets too
+    env = Pendulum(args.envs, device, seed=None)
     capturable = device.type == "cuda"  # Adam steps inside a CUDA graph only with this
     actor = Actor(args.hidden, device)
     # The rollout's copy of the actor: the same storage, detached (no autograd history)
@@ -151,10 +153,29 @@ def train(args) -> None:
     log_alpha = torch.zeros(1, device=device, requires_grad=True)
     alpha = log_alpha.detach().exp()
     alpha_optimizer = torch.optim.Adam([log_alpha], lr=Q_LR, capturable=capturable)
-    rb = ReplayBuffer(BUFFER_SIZE, device)
+    n, obs_dim, act_dim = args.envs, Pendulum.obs_dim, Pendulum.act_dim
+    rb = ReplayBuffer(BUFFER_SIZE, TensorDict(
+        observations=torch.zeros(n, obs_dim), actions=torch.zeros(n, act_dim), rewards=torch.zeros(n, 1),
+        next_observations=torch.zeros(n, obs_dim), dones=torch.zeros(n, 1, dtype=torch.bool),
+        batch_size=[n], device=device))
+    iterations = max(1, args.steps // n)
+    report = Report(args, iterations, n, SCRIPT, ALGO)
 
-    def policy(obs):
-        return actor_detach.explore(obs)
+    def transition(obs, action):
+        """Step every env with ``action``; write the transitions into the buffer (at device-side
+        indices) and count the finished episodes."""
+        td, _ = env.step_and_maybe_reset(TensorDict(observation=obs, action=action, batch_size=[n]))
+        rb.extend(TensorDict(
+            observations=obs, actions=action, rewards=td["next", "reward"],
+            next_observations=td["next", "observation"], dones=td["next", "terminated"], batch_size=[n]))
+        report.add_episodes(td["next", "done"], td["next", "episode_reward"])
+
+    def collect_random():  # uniformly random actions, before the updates start
+        transition(env.observation(), (2 * torch.rand(n, act_dim, device=device) - 1) * Pendulum.max_torque)
+
+    def collect():
+        obs = env.observation()
+        transition(obs, actor_detach.explore(obs))
 
     def update_critics(data):
         obs, actions, next_obs = data["observations"], data["actions"], data["next_observations"]
@@ -185,34 +206,41 @@ def train(args) -> None:
             alpha.copy_(log_alpha.exp())
         return actor_loss.detach()
 
-    backend = dict(backend=args.graph_backend)
-    policy = wrap(policy, args.mode, **backend)
-    update_critics = wrap(update_critics, args.mode, warmup=5, **backend)
-    update_actor = wrap(update_actor, args.mode, warmup=5, **backend)
+    collect_random, collect = compiled(collect_random, args.mode), compiled(collect, args.mode)
+    update_critics, update_actor = compiled(update_critics, args.mode), compiled(update_actor, args.mode)
 
-    iterations = max(1, args.steps // args.envs)
-    report = Report(args, iterations, args.envs, SCRIPT, ALGO)
-    td = env.reset()
-    for step in report:  # counts the env steps; reports progress every --log-every steps
+    def explore_step():
+        """One batched env step with random actions: one CUDA graph in the graph modes."""
         with torch.no_grad():
-            if step < args.learning_starts:  # uniformly random actions first
-                td["action"] = (2 * torch.rand(args.envs, Pendulum.act_dim, device=device) - 1) * Pendulum.max_torque
-            else:
-                td["action"] = policy(td["observation"])
-            td, next_td = env.step_and_maybe_reset(td)
-            rb.extend(TensorDict(
-                observations=td["observation"], actions=td["action"], rewards=td["next", "reward"],
-                next_observations=td["next", "observation"], dones=td["next", "terminated"],
-                batch_size=[args.envs]))
-            report.add_episodes(td)
-            td = next_td
-        if step >= args.learning_starts:
+            collect_random()
+
+    def train_step():
+        """One batched env step under the policy, the buffer write, a sampled batch and the
+        critic update on it: one CUDA graph in the graph modes. Every tensor it reads or writes
+        between calls (env, buffer and its cursor, networks, optimizer state) is updated in
+        place, so each replay continues where the last one stopped. Returns the batch, which
+        the actor updates use."""
+        with torch.no_grad():
+            collect()
             data = rb.sample(args.batch_size)
-            update_critics(data)
-            if step % POLICY_FREQUENCY == 0:
-                for _ in range(POLICY_FREQUENCY):  # catch up on the delayed updates
-                    update_actor(data)
-    report.finish(dict(policy=policy, update_critics=update_critics, update_actor=update_actor),
+        update_critics(data)
+        return data
+
+    backend = dict(backend=args.graph_backend)
+    explore_step = graphed(explore_step, args.mode, **backend)
+    train_step = graphed(train_step, args.mode, warmup=5, **backend)
+    update_actor = graphed(update_actor, args.mode, warmup=5, **backend)
+
+    env.reset()
+    for step in report:  # counts the env steps; reports progress every --log-every steps
+        if step < args.learning_starts:
+            explore_step()
+            continue
+        data = train_step()
+        if step % POLICY_FREQUENCY == 0:
+            for _ in range(POLICY_FREQUENCY):  # catch up on the delayed updates
+                update_actor(data)
+    report.finish(dict(explore_step=explore_step, train_step=train_step, update_actor=update_actor),
                   actor_detach.mean_action)
 
 

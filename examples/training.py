@@ -1,12 +1,16 @@
 """What the training examples ``train_ppo.py`` and ``train_sac.py`` share: their common flags,
-the modes (``wrap``), and ``Report``, which counts env steps and finished episodes' returns,
-shows progress, evaluates the final policy and writes the CSV, the plot and the summary line."""
+the modes (``compiled``, ``graphed``, ``wrap``), the replay buffer, and ``Report``, which counts
+env steps and finished episodes' returns, shows progress, notes when the return first reaches
+``--threshold`` (``Threshold``), stops at ``--max-seconds``, evaluates the final policy and
+writes the CSV, the plot, the JSON summary and the summary line."""
 
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import glob
+import json
 import math
 import os
 import time
@@ -18,8 +22,8 @@ from tensordict import TensorDict
 from examples.envs import Pendulum
 from graphmodule import CudaGraphModule
 
-__all__ = ["MODES", "Progress", "ReplayBuffer", "Report", "mean_episode_return", "parse_flags", "random_policy_return",
-           "run_training", "wrap", "write_outputs"]
+__all__ = ["MODES", "Progress", "ReplayBuffer", "Report", "Threshold", "compiled", "graphed", "mean_episode_return",
+           "parse_flags", "random_policy_return", "run_training", "wrap", "write_outputs", "write_summary"]
 
 MODES = ("eager", "graph", "compile", "compile+graph")
 
@@ -27,29 +31,37 @@ MODES = ("eager", "graph", "compile", "compile+graph")
 # -- replay buffer -------------------------------------------------------------------------------
 
 class ReplayBuffer:
-    """A circular buffer of transitions (a TensorDict) on the device, sampled uniformly.
+    """A circular buffer of transitions on the device, sampled uniformly.
 
-    ``extend`` writes at device-side indices and ``sample`` draws them with
-    ``torch.randint``: the cursor and size are Python ints, so neither waits for the device.
+    ``ReplayBuffer(capacity, example)`` allocates room for ``capacity`` transitions shaped like
+    the rows of ``example`` (a TensorDict with one batch dimension). The cursor and the size
+    are device tensors updated in place, so ``extend`` and ``sample`` are tensor operations
+    only: neither waits for the device, and a CUDA graph can step an env, write the
+    transitions, sample a batch and update on it in one replay (``examples/train_sac.py``).
+    ``sample`` needs at least one transition written (it draws indices modulo the size).
     """
 
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        self.capacity, self.device = capacity, torch.device(device)
-        self.storage: TensorDict | None = None
-        self.cursor = self.size = 0
+    def __init__(self, capacity: int, example: TensorDict) -> None:
+        self.capacity, self.device = capacity, example.device
+        self.storage = example[0].expand(capacity).clone().zero_()
+        self.keys = list(self.storage.keys(include_nested=True, leaves_only=True))
+        self.cursor = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.size = torch.zeros((), dtype=torch.int64, device=self.device)
 
     def extend(self, td: TensorDict) -> None:
         n = td.shape[0]
-        if self.storage is None:
-            self.storage = td[0].expand(self.capacity).clone().zero_()
         index = (torch.arange(n, device=self.device) + self.cursor) % self.capacity
-        self.storage[index] = td
-        self.cursor = (self.cursor + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
+        for key in self.keys:
+            self.storage.get(key).index_copy_(0, index, td.get(key))
+        # in place, never rebound: a graph that writes the buffer reads these at every replay
+        self.cursor.copy_((self.cursor + n) % self.capacity)
+        self.size.copy_((self.size + n).clamp(max=self.capacity))
 
     def sample(self, batch_size: int) -> TensorDict:
-        index = torch.randint(self.size, (batch_size,), device=self.device)
-        return self.storage[index]
+        # modulo a device-side size: torch.randint's bound would be a host int (bias < 1e-13)
+        index = torch.randint(2 ** 62, (batch_size,), device=self.device) % self.size
+        return TensorDict({key: self.storage.get(key).index_select(0, index) for key in self.keys},
+                          batch_size=[batch_size], device=self.device)
 
 
 # -- command line -------------------------------------------------------------------------------
@@ -66,7 +78,13 @@ def parse_flags(argv, description: str, script: str, defaults: dict, smoke: dict
         parser.add_argument(flag, type=int, help=text)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", metavar="DIR", help=f"write DIR/{script}_<mode>.csv and DIR/{script}.png")
+    parser.add_argument("--threshold", type=float, default=-200.0,
+                        help="the return whose first crossing is timed: the mean of the latest "
+                             f"{Threshold.EPISODES} or more finished episodes (default -200)")
+    parser.add_argument("--max-seconds", type=float, metavar="S",
+                        help="stop after S wall-clock seconds (checked at each progress report)")
+    parser.add_argument("--out", metavar="DIR", help=f"write DIR/{script}_<mode>.csv, DIR/{script}_<mode>_summary.json "
+                                                     f"and DIR/{script}.png")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and one CPU thread: runs in a few seconds on a CPU "
                                                          "(checks that the script runs, not that it learns)")
     parser.add_argument("--graph-backend", default="auto", choices=("auto", "simulate"),
@@ -91,13 +109,20 @@ def run_training(args, train) -> None:
     train(args)
 
 
+def compiled(fn, mode: str):
+    """``torch.compile(fn)`` in the compile modes, else ``fn``."""
+    return torch.compile(fn) if mode in ("compile", "compile+graph") else fn
+
+
+def graphed(fn, mode: str, **graph_options):
+    """``CudaGraphModule(fn)`` in the graph modes, else ``fn``: the same function either way,
+    so a graph mode computes what eager does."""
+    return CudaGraphModule(fn, **graph_options) if mode in ("graph", "compile+graph") else fn
+
+
 def wrap(fn, mode: str, **graph_options):
-    """The one place where the modes differ."""
-    if mode in ("compile", "compile+graph"):
-        fn = torch.compile(fn)
-    if mode in ("graph", "compile+graph"):
-        fn = CudaGraphModule(fn, **graph_options)
-    return fn
+    """``fn`` compiled, then graphed, as ``mode`` says."""
+    return graphed(compiled(fn, mode), mode, **graph_options)
 
 
 # -- evaluation and reporting ---------------------------------------------------------------------
@@ -134,10 +159,12 @@ class Progress:
         else:
             self.bar = tqdm(total=total, desc=desc, unit="step", unit_scale=True, dynamic_ncols=True)
 
-    def update(self, env_steps: int, mean_return: float, new_episodes: bool) -> None:
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def update(self, elapsed: float, env_steps: int, mean_return: float, new_episodes: bool) -> None:
         """A row for the CSV when episodes ended since the last call (``mean_return`` is
         theirs); the bar or the printed line in any case."""
-        elapsed = time.perf_counter() - self.start
         if new_episodes:
             self.rows.append((elapsed, env_steps, mean_return))
         if self.bar is not None:
@@ -152,7 +179,45 @@ class Progress:
     def close(self) -> float:
         if self.bar is not None:
             self.bar.close()
-        return time.perf_counter() - self.start
+        return self.elapsed()
+
+
+class Threshold:
+    """When the mean return first reaches ``value``: the wall-clock seconds and env steps of
+    the first report at which the episodes of the latest reports, at least ``episodes`` of
+    them, have a mean return of ``value`` or more.
+
+    Each report brings the sum and the number of the episodes that ended since the previous
+    one (:meth:`add`). The window keeps the newest reports that hold ``episodes`` episodes
+    (one report can hold more: all of them count), so one lucky episode of one env does not
+    count as reaching it, and a report of 256 episodes stands on its own.
+
+    >>> t = Threshold(-200.0, episodes=2)
+    >>> t.add(1.0, 200, -150.0, 1)   # one episode: not enough
+    >>> t.add(2.0, 400, -300.0, 1)   # mean of the two: -225
+    >>> t.add(3.0, 600, -100.0, 1)   # mean of the last two: -200
+    >>> t.seconds, t.env_steps
+    (3.0, 600)
+    """
+
+    EPISODES = 10
+
+    def __init__(self, value: float, episodes: int = EPISODES) -> None:
+        self.value, self.episodes = value, episodes
+        self.window: collections.deque = collections.deque()  # (sum, count) per report, newest last
+        self.seconds: float | None = None
+        self.env_steps: int | None = None
+
+    def add(self, seconds: float, env_steps: int, total: float, count: int) -> None:
+        """A report: ``count`` episodes ended since the last one, their returns summing to ``total``."""
+        if not count:
+            return
+        self.window.append((total, count))
+        while len(self.window) > 1 and sum(c for _, c in self.window) - self.window[0][1] >= self.episodes:
+            self.window.popleft()
+        n = sum(c for _, c in self.window)
+        if self.seconds is None and n >= self.episodes and sum(t for t, _ in self.window) / n >= self.value:
+            self.seconds, self.env_steps = seconds, env_steps
 
 
 class Report:
@@ -162,7 +227,8 @@ class Report:
     random policy, then starts the clock and the progress bar. Iterating over it gives the
     training loop's iteration numbers; after every ``args.log_every``-th iteration and the
     last, it reads the returns of the episodes that ended since (``add_episodes``, summed on
-    the device) and updates the bar. :meth:`finish` prints the rest once the loop is done."""
+    the device), updates the bar and the threshold, and ends the loop early once
+    ``args.max_seconds`` have passed. :meth:`finish` prints the rest once the loop is done."""
 
     def __init__(self, args, iterations: int, steps_per_iteration: int, script: str, algo: str) -> None:
         self.args, self.script, self.algo = args, script, algo
@@ -172,12 +238,15 @@ class Report:
         self.ended_sum = torch.zeros((), device=self.device)
         self.ended_count = torch.zeros((), device=self.device)
         self.mean_return = math.nan  # of the latest finished episodes
+        self.threshold = Threshold(args.threshold)
+        self.time_limited = False  # stopped by --max-seconds
         self.progress = Progress(iterations * steps_per_iteration, f"{algo} {args.mode}")
 
-    def add_episodes(self, td) -> None:
-        """Count the episodes that end at the step just written into ``td`` (on the device)."""
-        done = td["next", "done"].squeeze(-1).float()
-        self.ended_sum += (td["next", "episode_reward"].squeeze(-1) * done).sum()
+    def add_episodes(self, done: torch.Tensor, episode_reward: torch.Tensor) -> None:
+        """Count the episodes that end where ``done`` is true, of return ``episode_reward``
+        (same shape), on the device and in place: this can run inside a CUDA graph."""
+        done = done.float()
+        self.ended_sum += (episode_reward * done).sum()
         self.ended_count += done.sum()
 
     def __iter__(self):
@@ -185,31 +254,80 @@ class Report:
             yield iteration
             self.env_steps += self.steps_per_iteration
             if (iteration + 1) % self.args.log_every == 0 or iteration + 1 == self.iterations:
-                count = self.ended_count.item()  # the one host synchronisation, once per log
+                count = int(self.ended_count.item())  # the one host synchronisation, once per log
+                total = self.ended_sum.item() if count else 0.0
                 if count:
-                    self.mean_return = self.ended_sum.item() / count
+                    self.mean_return = total / count
                     self.ended_sum.zero_()
                     self.ended_count.zero_()
-                self.progress.update(self.env_steps, self.mean_return, bool(count))
+                elapsed = self.progress.elapsed()
+                self.progress.update(elapsed, self.env_steps, self.mean_return, bool(count))
+                self.threshold.add(elapsed, self.env_steps, total, count)
+                if self.args.max_seconds is not None and elapsed >= self.args.max_seconds:
+                    self.time_limited = True
+                    return
 
     def finish(self, wrapped: dict, eval_policy) -> None:
         """After the loop: close the progress bar; in the graph modes, print the graphmodule
         counters of ``wrapped`` (name -> wrapper); evaluate ``eval_policy``; with ``--out``,
-        write the CSV and the plot; last, print the summary line."""
+        write the CSV, the plot and the JSON summary; last, print the summary line."""
         args, env_steps = self.args, self.env_steps
         seconds = self.progress.close()
+        graphs = {}
         if "graph" in args.mode:
+            graphs = {name: dict(warmup=g.stats.warmup_calls, captures=g.stats.captures, replays=g.stats.replays,
+                                 eager=g.stats.eager_calls) for name, g in wrapped.items()}
             print("graphmodule: " + "; ".join(
-                f"{name}: {g.stats.warmup_calls} warmup, {g.stats.captures} capture, {g.stats.replays} replays, "
-                f"{g.stats.eager_calls} eager" for name, g in wrapped.items()))
+                f"{name}: {s['warmup']} warmup, {s['captures']} capture, {s['replays']} replays, {s['eager']} eager"
+                for name, s in graphs.items()))
+        if self.time_limited:
+            print(f"stopped after --max-seconds {args.max_seconds:g}: {env_steps} of "
+                  f"{self.iterations * self.steps_per_iteration} env steps")
         eval_return = mean_episode_return(eval_policy, self.device, args.seed + 2)
+        reached = self.threshold.seconds is not None
+        result = dict(
+            script=self.script, algo=self.algo, mode=args.mode, envs=args.envs, env_steps=env_steps,
+            seconds=round(seconds, 3), steps_per_s=round(env_steps / seconds, 1),
+            final_return=_finite(self.mean_return), eval_return=_finite(eval_return),
+            random_return=_finite(self.random_return), threshold=args.threshold,
+            threshold_episodes=self.threshold.episodes,
+            threshold_seconds=round(self.threshold.seconds, 3) if reached else None,
+            threshold_env_steps=self.threshold.env_steps, time_limited=self.time_limited,
+            device=_device_name(self.device), torch=torch.__version__, graphs=graphs,
+            settings={key: value for key, value in sorted(vars(args).items()) if key not in ("out", "mode")})
         if args.out:
             write_outputs(args.out, args.mode, self.progress.rows, self.random_return, self.device,
                           script=self.script, algo=self.algo)
-        print(f"summary: mode={args.mode} env_steps={env_steps} seconds={seconds:.1f} "
+            write_summary(args.out, result)
+        when = (f"threshold_seconds={self.threshold.seconds:.1f} threshold_env_steps={self.threshold.env_steps}"
+                if reached else "threshold_seconds=not_reached threshold_env_steps=not_reached")
+        print(f"summary: mode={args.mode} envs={args.envs} env_steps={env_steps} seconds={seconds:.1f} "
               f"steps_per_s={env_steps / seconds:.0f} final_mean_return={self.mean_return:.1f} "
               f"eval_return={eval_return:.1f} random_policy_return={self.random_return:.1f} "
-              f"(random policy: uniform torques, 64 episodes of the same Pendulum; eval: the mean action)")
+              f"threshold={args.threshold:g} {when} "
+              f"(random policy: uniform torques, 64 episodes of the same Pendulum; eval: the mean action; "
+              f"threshold: first time the latest {self.threshold.episodes}+ finished episodes average it)")
+
+
+def _finite(x: float) -> float | None:
+    return round(x, 3) if math.isfinite(x) else None  # JSON has no NaN
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device.type} ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def write_summary(out_dir: str, result: dict) -> str:
+    """``out_dir/<script>_<mode>_summary.json``: ``result``, what :meth:`Report.finish` measured."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{result['script']}_{result['mode']}_summary.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}")
+    return path
 
 
 def write_outputs(out_dir: str, mode: str, rows, random_return: float, device: torch.device, *,

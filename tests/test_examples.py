@@ -1,6 +1,8 @@
 """The examples run, print what they claim, and agree with eager execution; the training
-examples (``--smoke``) write their CSV and plot."""
+examples (``--smoke``) write their CSV, JSON summary and plot; their bookkeeping (threshold,
+replay buffer) and the table of runs (``examples/results_table.py``)."""
 
+import json
 import os
 import re
 import subprocess
@@ -62,9 +64,10 @@ def test_train_step(steps):
 
 TRAINING = ("train_ppo.py", "train_sac.py")
 SUMMARY = re.compile(
-    r"^summary: mode=(?P<mode>\S+) env_steps=(?P<env_steps>\d+) seconds=(?P<seconds>[0-9.]+) "
+    r"^summary: mode=(?P<mode>\S+) envs=(?P<envs>\d+) env_steps=(?P<env_steps>\d+) seconds=(?P<seconds>[0-9.]+) "
     r"steps_per_s=(?P<steps_per_s>\d+) final_mean_return=(?P<final>\S+) eval_return=(?P<eval>\S+) "
-    r"random_policy_return=(?P<random>\S+) \(random policy: ", re.M)
+    r"random_policy_return=(?P<random>\S+) threshold=(?P<threshold>\S+) threshold_seconds=(?P<threshold_seconds>\S+) "
+    r"threshold_env_steps=(?P<threshold_env_steps>\S+) \(random policy: ", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +91,18 @@ def summary(out):
     return SUMMARY.search(out).groupdict()
 
 
+def summary_json(out_dir, script, mode):
+    with open(out_dir / f"{script.replace('.py', '')}_{mode}_summary.json") as f:
+        return json.load(f)
+
+
+def csv_rows(out_dir, script, mode):
+    with open(out_dir / f"{script.replace('.py', '')}_{mode}.csv") as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "wall_seconds,env_steps,mean_return"
+    return [[float(v) for v in row.split(",")] for row in lines[1:]]
+
+
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 @pytest.mark.parametrize("script", TRAINING)
 def test_training_smoke(script, mode, smoke_run):
@@ -97,33 +112,85 @@ def test_training_smoke(script, mode, smoke_run):
     for key in ("final", "eval", "random"):  # Pendulum returns: negative, finite
         assert -3300 < float(line[key]) < 0, (key, out)
     assert -1500 < float(line["random"]) < -1000  # a random policy's return, about -1200
+    # a smoke run does not learn: the default threshold (-200) is not reached
+    assert (line["threshold"], line["threshold_seconds"], line["threshold_env_steps"]) == (
+        "-200", "not_reached", "not_reached")
     if mode == "graph" and not torch.cuda.is_available():
         assert "graphmodule runs the functions eagerly" in out
-    name = script.replace(".py", "")
-    with open(out_dir / f"{name}_{mode}.csv") as f:
-        lines = f.read().splitlines()
-    assert lines[0] == "wall_seconds,env_steps,mean_return"
-    rows = [[float(v) for v in row.split(",")] for row in lines[1:]]
-    assert len(rows) >= 2 and all(len(row) == 3 for row in rows), lines
+    rows = csv_rows(out_dir, script, mode)
+    assert len(rows) >= 2 and all(len(row) == 3 for row in rows), rows
     assert [r[0] for r in rows] == sorted(r[0] for r in rows) and rows[-1][1] <= int(line["env_steps"])
     assert rows[-1][2] == pytest.approx(float(line["final"]), abs=0.06)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("script", TRAINING)
+def test_training_summary_json(script, mode, smoke_run):
+    """``DIR/<script>_<mode>_summary.json`` holds what the summary line says, and more."""
+    out, out_dir = smoke_run(script, mode)
+    line, result = summary(out), summary_json(out_dir, script, mode)
+    assert set(result) == {
+        "script", "algo", "mode", "envs", "env_steps", "seconds", "steps_per_s", "final_return", "eval_return",
+        "random_return", "threshold", "threshold_episodes", "threshold_seconds", "threshold_env_steps",
+        "time_limited", "device", "torch", "graphs", "settings"}
+    assert (result["script"], result["mode"], result["device"], result["torch"]) == (
+        script.replace(".py", ""), mode, "cpu", torch.__version__)
+    assert (result["envs"], result["env_steps"]) == (int(line["envs"]), int(line["env_steps"]))
+    assert result["steps_per_s"] == pytest.approx(float(line["steps_per_s"]), abs=1)
+    for key, name in (("final_return", "final"), ("eval_return", "eval"), ("random_return", "random")):
+        assert result[key] == pytest.approx(float(line[name]), abs=0.06), key
+    assert (result["threshold"], result["threshold_episodes"], result["threshold_seconds"],
+            result["threshold_env_steps"], result["time_limited"]) == (-200.0, 10, None, None, False)
+    assert result["settings"]["smoke"] is True and result["settings"]["envs"] == result["envs"]
+    assert (result["graphs"] != {}) == (mode == "graph")
+
+
+GRAPHED = {"train_ppo.py": ["rollout", "update"], "train_sac.py": ["explore_step", "train_step", "update_actor"]}
 
 
 @pytest.mark.parametrize("script", TRAINING)
 def test_training_simulated_graphs_match_eager(script, smoke_run):
     """graphmodule's capture and replay machinery run on the CPU (``backend="simulate"``):
-    every wrapped function is captured once and replayed, and the training is eager's."""
-    out, _ = smoke_run(script, "graph", "--graph-backend", "simulate")
+    every wrapped function (PPO: the whole rollout, and the update; SAC: a random-action step,
+    a policy step with the buffer write and the critic update, and the actor update) is
+    captured once and replayed, and the training is eager's."""
+    out, out_dir = smoke_run(script, "graph", "--graph-backend", "simulate")
     stats = re.findall(r"(\w+): (\d+) warmup, (\d+) capture, (\d+) replays, (\d+) eager", out)
-    assert len(stats) == 3, out
+    assert [name for name, *_ in stats] == GRAPHED[script], out
     for name, warmup, captures, replays, eager in stats:
         assert (int(captures), int(eager)) == (1, 0) and int(replays) > 10, (name, out)
-    graphed, eager = summary(out), summary(smoke_run(script, "eager")[0])
-    assert (graphed["env_steps"], graphed["random"]) == (eager["env_steps"], eager["random"])
+    eager_out, eager_dir = smoke_run(script, "eager")
+    graphed, eager = summary(out), summary(eager_out)
+    for key in ("env_steps", "random", "threshold", "threshold_seconds", "threshold_env_steps"):
+        assert graphed[key] == eager[key], key
     # the same operations on the same values (a static buffer's alignment may pick another
     # CPU matmul kernel: last bits, not a different training)
     for key in ("final", "eval"):
         assert float(graphed[key]) == pytest.approx(float(eager[key]), rel=1e-3, abs=0.2), key
+    graphed_rows, eager_rows = csv_rows(out_dir, script, "graph"), csv_rows(eager_dir, script, "eager")
+    assert [r[1] for r in graphed_rows] == [r[1] for r in eager_rows]
+    assert [r[2] for r in graphed_rows] == pytest.approx([r[2] for r in eager_rows], rel=1e-3, abs=0.2)
+
+
+def test_training_threshold_reached(smoke_run):
+    """PPO's smoke run: 4 envs end an episode every 200 steps; the report at 640 steps per env
+    is the first with 10 or more episodes (12), and their mean is above -5000."""
+    out, out_dir = smoke_run("train_ppo.py", "eager", "--threshold", "-5000")
+    line, result = summary(out), summary_json(out_dir, "train_ppo.py", "eager")
+    assert (line["threshold"], line["threshold_env_steps"]) == ("-5000", "2560")
+    assert float(line["threshold_seconds"]) <= float(line["seconds"])
+    assert (result["threshold"], result["threshold_env_steps"]) == (-5000.0, 2560)
+    assert result["threshold_seconds"] == pytest.approx(float(line["threshold_seconds"]), abs=0.06)
+
+
+@pytest.mark.parametrize(("script", "first_report"), [("train_ppo.py", 2 * 4 * 32), ("train_sac.py", 50 * 2)])
+def test_training_max_seconds(script, first_report, smoke_run):
+    """``--max-seconds 0`` ends the run at its first progress report (log_every iterations)."""
+    out, out_dir = smoke_run(script, "eager", "--max-seconds", "0")
+    assert re.search(rf"^stopped after --max-seconds 0: {first_report} of \d+ env steps$", out, re.M), out
+    assert int(summary(out)["env_steps"]) == first_report
+    result = summary_json(out_dir, script, "eager")
+    assert (result["env_steps"], result["time_limited"]) == (first_report, True)
 
 
 @pytest.mark.parametrize("script", TRAINING)
