@@ -13,8 +13,6 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from examples.training import ReplayBuffer  # noqa: F401 - the buffer the programs sample from
-
 WRAPPERS = ("eager", "tensordict", "graphmodule")
 
 
@@ -50,6 +48,35 @@ def make_wrap(name: str, *, backend: str = "auto") -> Callable[..., Any]:
     wrap.name = name
     wrap.built = []
     return wrap
+
+
+class ReplayBuffer:
+    """A circular buffer of transitions (a TensorDict) on the device, sampled uniformly, the
+    way the published scripts keep theirs: Python-int cursor and size, written and sampled
+    outside the wrapped functions. (``examples.training.ReplayBuffer`` keeps its cursor on the
+    device instead, so that a graph can write and sample it.)
+
+    ``extend`` writes at device-side indices and ``sample`` draws them with
+    ``torch.randint``: neither waits for the device.
+    """
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.capacity, self.device = capacity, torch.device(device)
+        self.storage: TensorDict | None = None
+        self.cursor = self.size = 0
+
+    def extend(self, td: TensorDict) -> None:
+        n = td.shape[0]
+        if self.storage is None:
+            self.storage = td[0].expand(self.capacity).clone().zero_()
+        index = (torch.arange(n, device=self.device) + self.cursor) % self.capacity
+        self.storage[index] = td
+        self.cursor = (self.cursor + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int) -> TensorDict:
+        index = torch.randint(self.size, (batch_size,), device=self.device)
+        return self.storage[index]
 
 
 def mlp(n_in: int, hidden: int, n_out: int, act: type[nn.Module], device: Any) -> nn.Sequential:
