@@ -15,9 +15,11 @@
   ``Adam.step()``, Adam with ``capturable=True``), one graph replayed for every minibatch.
   Outside the graphs: the learning-rate annealing (a tensor filled in place), the minibatch
   permutation and indexing, and the progress report.
-- ``compile``: ``torch.compile`` on one env step (policy and env), GAE and the update.
+- ``compile``: ``torch.compile`` on one env step (policy and env) and on the update. Not on
+  GAE: dynamo would unroll its loop over the rollout, which takes minutes to compile for long
+  rollouts.
 - ``compile+graph``: the same compiled functions inside the graphs (compiled during the
-  warmup calls; the rollout graph replays ``--rollout`` compiled steps).
+  warmup calls; the rollout graph replays ``--rollout`` compiled steps and GAE).
 
 ``eager`` runs the very functions the graph modes wrap. Without CUDA the graph modes still
 run: graphmodule warns once and calls the functions eagerly (with its input checks), so they
@@ -51,7 +53,12 @@ the mean of the latest 10 or more finished episodes), in seconds and env steps.
 Wall-clock time counts everything from the first rollout on: warmup, graph capture and
 compilation included. ``--max-seconds S`` ends the run early (at the first report after S).
 
-Observed on CPU: OBSERVED
+Observed on CPU (2 cores, torch 2.13 CPU build, ``--mode eager``, default settings: 64 envs,
+200-step rollouts, 10 epochs of 512-sample minibatches, lr 1e-3 annealed, 40 iterations =
+512 000 env steps, seed 0): 49 s in all, about 10 500 env steps/s. The mean return of the
+finished training episodes rose steadily from -1 160 (first episodes; random policy: -1 263)
+through -697 at 102 400 steps to -171 at 166 400 (14 s: the threshold), stayed between -155
+and -220 after that, and ended at -181; the final policy's mean action scored -163.
 GPU numbers: see benchmarks/RESULTS.md (``scripts/gpu_examples.sh`` runs every mode with one env
 and with many).
 """
@@ -183,7 +190,9 @@ def train(args) -> None:
         container["returns"] = container["advantages"] + container["value"]
         return container
 
-    env_step, gae = compiled(env_step, args.mode), compiled(gae, args.mode)
+    # GAE stays uncompiled: dynamo would unroll its loop over the rollout (4 operations a step,
+    # minutes of compilation for a 1024-step rollout); inside the rollout graph it costs no launches
+    env_step = compiled(env_step, args.mode)
 
     @torch.no_grad()
     def rollout():

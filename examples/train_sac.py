@@ -1,48 +1,64 @@
 """SAC on the batched torch Pendulum, eagerly, as CUDA graphs, compiled, or both.
 
     python examples/train_sac.py --mode graph --out results/
-    python examples/train_sac.py --mode eager --envs 8 --steps 80000 --seed 1
+    python examples/train_sac.py --mode eager --envs 64 --steps 640000 --max-seconds 60
     python examples/train_sac.py --smoke --mode graph       # a few seconds on a CPU
 
 ``--mode``:
 
 - ``eager``: plain PyTorch.
-- ``graph``: ``graphmodule.CudaGraphModule`` around the three hot functions: the policy step
-  (one call per batched env step), the critic update (twin Q losses, ``backward()``,
-  ``Adam.step()``, and the target critics' soft update in place with ``lerp_``) and the
-  actor update (actor loss through the critics' detached parameters, then the entropy
-  temperature). The optimizers are Adam with ``capturable=True`` on CUDA.
-- ``compile``: ``torch.compile`` on the same three functions.
-- ``compile+graph``: ``torch.compile`` inside the wrapper (compiled during the warmup calls).
+- ``graph``: ``graphmodule.CudaGraphModule`` around three functions, each one CUDA graph.
+  ``train_step``, one call per batched env step: the policy's action (sampling included), the
+  env step and auto-reset, the transitions written into the replay buffer at device-side
+  indices, the finished episodes counted, a batch sampled, and the critic update on it (twin Q
+  losses, ``backward()``, ``Adam.step()``, the target critics' soft update in place with
+  ``lerp_``). ``update_actor``, twice every second step on the same batch: the actor loss
+  through the critics' detached parameters, then the entropy temperature. ``explore_step``,
+  for the first ``--learning-starts`` steps: random actions, env step and buffer write. The
+  optimizers are Adam with ``capturable=True`` on CUDA. Outside the graphs: the loop and the
+  progress report.
+- ``compile``: ``torch.compile`` on the collection (policy, env step, buffer write), the random
+  collection and both updates.
+- ``compile+graph``: the same compiled functions inside the graphs (compiled during the
+  warmup calls).
 
-Without CUDA the graph modes still run: graphmodule warns once and calls the functions
-eagerly (with its input checks), so they train exactly like ``eager``.
+``eager`` runs the very functions the graph modes wrap. Without CUDA the graph modes still
+run: graphmodule warns once and calls the functions eagerly (with its input checks), so they
+train exactly like ``eager``; ``--graph-backend simulate`` runs graphmodule's capture and replay
+machinery on the CPU instead, with the same result.
 
-Everything stays on the device: the environment is ``examples.envs.Pendulum``, the replay
-buffer is a TensorDict on the device written and sampled at device-side indices, actions are
-sampled as ``loc + scale * torch.randn_like(loc)`` then squashed by tanh (capturable: fresh
-noise at every replay). Each batched env step (``--envs`` transitions) is followed by one
-critic update on a sampled batch, and every second step by two actor updates (LeanRL's
-delayed policy update). The host reads the device only to report progress.
+A step can be one graph because everything it touches stays on the device and in place:
+``examples.envs.Pendulum`` is tensor operations only (its state is updated in place and its
+reset states come from torch's default generator, which a graph replays afresh); the replay
+buffer (``examples.training.ReplayBuffer``) keeps its cursor and size in device tensors,
+writes with ``index_copy_`` and samples with ``torch.randint`` modulo the size; actions are
+sampled as ``loc + scale * torch.randn_like(loc)`` then squashed by tanh (fresh noise at every
+replay); the episode counters are device tensors added to in place. The host reads the device
+only to report progress (every ``--log-every`` steps).
 
 Output: a progress bar (tqdm if installed, else a printed line now and then) with env steps/s
-and the mean return of the latest finished episodes; with ``--out DIR``,
-``DIR/train_sac_<mode>.csv`` (wall_seconds, env_steps, mean_return) and ``DIR/train_sac.png``
-(mean return against wall-clock seconds for every ``train_sac_*.csv`` in DIR; needs
-matplotlib). Last, one summary line, with the return of a uniformly random policy on the
-same environment for comparison (about -1200 on Pendulum). Wall-clock time counts
-everything from the first step on: warmup, graph capture and compilation included.
+and the mean return of the latest finished episodes. With ``--out DIR``:
+``DIR/train_sac_<mode>.csv`` (wall_seconds, env_steps, mean_return),
+``DIR/train_sac_<mode>_summary.json`` (what the summary line says, with the device, the torch
+version, the graphs' counters and the settings) and ``DIR/train_sac.png`` (mean return against
+wall-clock seconds for every ``train_sac_*.csv`` in DIR; needs matplotlib). Last, one summary
+line: steps/s, the final return, the return of a uniformly random policy on the same
+environment (about -1260), and when the return first reached ``--threshold`` (default -200:
+the mean of the latest 10 or more finished episodes), in seconds and env steps.
+Wall-clock time counts everything from the first step on: warmup, graph capture and
+compilation included. ``--max-seconds S`` ends the run early (at the first report after S).
 
-Observed on CPU (2 cores, torch 2.13 CPU build, ``--mode eager``, default settings: 4 envs,
-40 000 env steps = 10 000 batched steps, the first 250 of them with random actions, then
-9 750 critic updates and 9 750 actor updates on batches of 256, hidden 128, seed 0): 81 s in all, about
-500 env steps/s. The mean return of the finished training episodes was -1 193 during the
-random-action phase (random policy: -1 263), dipped to -1 609 at 4 800 steps, then rose to
--901 at 8 800 steps, -232 at 12 800 (23 s) and -123 at 16 800, stayed between -100 and -240
-after that, and ended at -144; the final policy's mean action scored -134. ``--mode graph``
-without CUDA trains identically (eager fallback). GPU numbers are still to be measured.
+Observed on CPU (2 cores, shared with other work, torch 2.13 CPU build, ``--mode eager``, default
+settings: 4 envs, 40 000 env steps = 10 000 batched steps, the first 250 of them with random
+actions, then 9 750 critic updates and 9 750 actor updates on batches of 256, hidden 128, seed
+0): 117 s in all, about 340 env steps/s. The mean return of the finished training episodes was
+about -1 200 during the random-action phase (random policy: -1 263), dipped to -1 641 at 4 000
+steps, then rose to -1 014 at 8 800 steps and -193 at 11 200; the threshold (-200 over the
+latest 10+ episodes) was reached at 14 400 steps (33 s). After that the reports (4 episodes
+each) ranged from -93 to -262 (the last one); the final policy's mean action scored -134.
+GPU numbers: see benchmarks/RESULTS.md (``scripts/gpu_examples.sh`` runs every mode with one env
+and with many).
 """
-
 from __future__ import annotations
 
 import copy

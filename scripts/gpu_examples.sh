@@ -9,9 +9,9 @@
 #   logs/<script>_envs<N>_<mode>.log (each run's output), runs.tsv (exit status and time of each),
 #   table.md (the table, also printed), train_ppo.png and train_sac.png (every mode, a panel per
 #   number of envs; need matplotlib from .whl).
-# Runs go most important first (graph, then eager, then compile+graph and compile with many envs,
-# last compile+graph with one env), so a deadline cuts the least important: a run that does not
-# fit is skipped, a run that fails is recorded, and either shows in the table.
+# Runs go most important first (graph, eager, compile+graph, and compile last, with many envs
+# only), so a deadline cuts the least important: a run that does not fit is skipped, a run that
+# fails is recorded, and either shows in the table.
 # Knobs: GM_EX_SECONDS (training seconds per run, default 20), GM_EX_COMPILE_SECONDS (compile
 # modes, whose compilation counts in their time, default 45), GM_EX_DEADLINE (default 540),
 # GM_EX_RUNS (an extended regex over "script:envs:mode" picking runs, e.g. 'ppo.*:graph$').
@@ -49,8 +49,8 @@ SAC_N="--envs 64 --steps 640000"
 RUNS=(
   "train_ppo 1 graph" "train_ppo 256 graph" "train_sac 1 graph" "train_sac 64 graph"
   "train_ppo 1 eager" "train_ppo 256 eager" "train_sac 1 eager" "train_sac 64 eager"
-  "train_ppo 256 compile+graph" "train_sac 64 compile+graph" "train_ppo 256 compile" "train_sac 64 compile"
-  "train_ppo 1 compile+graph" "train_sac 1 compile+graph"
+  "train_ppo 1 compile+graph" "train_ppo 256 compile+graph" "train_sac 64 compile+graph" "train_sac 1 compile+graph"
+  "train_ppo 256 compile" "train_sac 64 compile"
 )
 
 stub() {  # a summary for a run that wrote none, so that the table shows it

@@ -122,6 +122,48 @@ def test_finished_episode_keeps_its_last_observation():
     assert env.step_count.tolist() == [0] * N and env.episode_reward.tolist() == [0.0] * N
 
 
+
+@pytest.mark.parametrize("make", [lambda: Pendulum(N, "cpu", seed=0, max_steps=2),
+                                  lambda: CartPole(N, "cpu", seed=0, max_steps=2)], ids=["pendulum", "cartpole"])
+def test_state_is_updated_in_place(make):
+    """A CUDA graph that steps the env replays into the tensors it captured: stepping and
+    resetting write into the env's state tensors, never bind new ones (a rebound attribute
+    would leave every replay reading the capture's tensors)."""
+    env = make()
+    td = env.reset()
+    names = [name for name in ("th", "thdot", "state", "step_count", "episode_reward") if hasattr(env, name)]
+    before = {name: (getattr(env, name), getattr(env, name).data_ptr()) for name in names}
+    action = torch.zeros(N, 1) if isinstance(env, Pendulum) else torch.ones(N, dtype=torch.int64)
+    for _ in range(3):  # a reset at the second step
+        td["action"] = action
+        td, next_td = env.step_and_maybe_reset(td)
+        td = next_td
+    for name in names:
+        assert getattr(env, name) is before[name][0] and getattr(env, name).data_ptr() == before[name][1], name
+    assert env.step_count.tolist() == [1] * N
+
+
+def test_episode_reward_is_a_copy():
+    """The ``("next", "episode_reward")`` of an ended episode survives its env's reset."""
+    env = Pendulum(N, "cpu", seed=0, max_steps=1)
+    td = env.reset()
+    td["action"] = torch.zeros(N, 1)
+    td, _ = env.step_and_maybe_reset(td)
+    assert td["next", "done"].all() and env.episode_reward.eq(0).all()
+    torch.testing.assert_close(td["next", "episode_reward"], td["next", "reward"])
+
+
+@pytest.mark.parametrize("cls", [Pendulum, CartPole])
+def test_seed_none_draws_from_torchs_default_generator(cls):
+    """``seed=None``: the reset states come from torch's default generator, the one a CUDA
+    graph captures, so ``torch.manual_seed`` decides them."""
+    torch.manual_seed(5)
+    first = cls(N, "cpu", seed=None).reset()["observation"]
+    torch.manual_seed(5)
+    again = cls(N, "cpu", seed=None).reset()["observation"]
+    assert torch.equal(first, again) and not torch.equal(first, cls(N, "cpu", seed=None).reset()["observation"])
+
+
 @pytest.mark.cuda
 def test_no_host_sync_on_cuda(cuda):
     env = Pendulum(64, cuda, seed=0, max_steps=3)

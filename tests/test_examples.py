@@ -91,6 +91,9 @@ def summary(out):
     return SUMMARY.search(out).groupdict()
 
 
+GRAPHED = {"train_ppo.py": ["rollout", "update"], "train_sac.py": ["explore_step", "train_step", "update_actor"]}
+
+
 def summary_json(out_dir, script, mode):
     with open(out_dir / f"{script.replace('.py', '')}_{mode}_summary.json") as f:
         return json.load(f)
@@ -117,6 +120,10 @@ def test_training_smoke(script, mode, smoke_run):
         "-200", "not_reached", "not_reached")
     if mode == "graph" and not torch.cuda.is_available():
         assert "graphmodule runs the functions eagerly" in out
+    elif mode == "graph":  # real CUDA graphs: each wrapped function captured once, never run eagerly after
+        stats = re.findall(r"(\w+): (\d+) warmup, (\d+) capture, (\d+) replays, (\d+) eager", out)
+        assert [name for name, *_ in stats] == GRAPHED[script], out
+        assert all((int(c), int(e)) == (1, 0) and int(r) > 10 for _, _, c, r, e in stats), out
     rows = csv_rows(out_dir, script, mode)
     assert len(rows) >= 2 and all(len(row) == 3 for row in rows), rows
     assert [r[0] for r in rows] == sorted(r[0] for r in rows) and rows[-1][1] <= int(line["env_steps"])
@@ -133,8 +140,8 @@ def test_training_summary_json(script, mode, smoke_run):
         "script", "algo", "mode", "envs", "env_steps", "seconds", "steps_per_s", "final_return", "eval_return",
         "random_return", "threshold", "threshold_episodes", "threshold_seconds", "threshold_env_steps",
         "time_limited", "device", "torch", "graphs", "settings"}
-    assert (result["script"], result["mode"], result["device"], result["torch"]) == (
-        script.replace(".py", ""), mode, "cpu", torch.__version__)
+    assert (result["script"], result["mode"], result["torch"]) == (script.replace(".py", ""), mode, torch.__version__)
+    assert result["device"] == ("cpu" if not torch.cuda.is_available() else f"cuda ({torch.cuda.get_device_name()})")
     assert (result["envs"], result["env_steps"]) == (int(line["envs"]), int(line["env_steps"]))
     assert result["steps_per_s"] == pytest.approx(float(line["steps_per_s"]), abs=1)
     for key, name in (("final_return", "final"), ("eval_return", "eval"), ("random_return", "random")):
@@ -143,9 +150,6 @@ def test_training_summary_json(script, mode, smoke_run):
             result["threshold_env_steps"], result["time_limited"]) == (-200.0, 10, None, None, False)
     assert result["settings"]["smoke"] is True and result["settings"]["envs"] == result["envs"]
     assert (result["graphs"] != {}) == (mode == "graph")
-
-
-GRAPHED = {"train_ppo.py": ["rollout", "update"], "train_sac.py": ["explore_step", "train_step", "update_actor"]}
 
 
 @pytest.mark.parametrize("script", TRAINING)
@@ -209,3 +213,177 @@ def test_training_plot(script, tmp_path):
     assert (tmp_path / f"{name}_graph.csv").read_text().startswith("wall_seconds,env_steps,mean_return\n")
     png = (tmp_path / f"{name}.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+# -- the training examples' bookkeeping: examples/training.py -----------------------------------
+
+class TestThreshold:
+    def test_not_reached_before_enough_episodes(self):
+        from examples.training import Threshold
+
+        t = Threshold(-200.0, episodes=10)
+        t.add(1.0, 200, -100.0 * 9, 9)  # nine good episodes: not yet ten
+        assert (t.seconds, t.env_steps) == (None, None)
+        t.add(2.0, 400, -100.0, 1)
+        assert (t.seconds, t.env_steps) == (2.0, 400)
+
+    def test_mean_over_the_window_decides(self):
+        from examples.training import Threshold
+
+        t = Threshold(-200.0, episodes=2)
+        t.add(1.0, 100, -500.0, 1)
+        t.add(2.0, 200, -100.0, 1)  # mean of the last two: -300
+        assert t.seconds is None
+        t.add(3.0, 300, -100.0, 1)  # the first one left the window: -100
+        assert (t.seconds, t.env_steps) == (3.0, 300)
+
+    def test_first_crossing_is_kept(self):
+        from examples.training import Threshold
+
+        t = Threshold(-200.0, episodes=1)
+        t.add(1.0, 100, -150.0, 1)
+        t.add(2.0, 200, -900.0, 1)
+        t.add(3.0, 300, -100.0, 1)
+        assert (t.seconds, t.env_steps) == (1.0, 100)
+
+    def test_a_large_report_stands_alone(self):
+        """256 episodes in one report: the older reports leave the window."""
+        from examples.training import Threshold
+
+        t = Threshold(-200.0, episodes=10)
+        t.add(1.0, 51_200, -1000.0 * 256, 256)
+        t.add(2.0, 102_400, -190.0 * 256, 256)
+        assert (t.seconds, t.env_steps) == (2.0, 102_400)
+
+    def test_reports_without_episodes_change_nothing(self):
+        from examples.training import Threshold
+
+        t = Threshold(-200.0, episodes=1)
+        t.add(1.0, 100, 0.0, 0)  # no episode ended: a sum of 0 is no return of 0
+        assert (t.seconds, list(t.window)) == (None, [])
+
+
+class TestReplayBuffer:
+    def transitions(self, start, n=3):
+        from tensordict import TensorDict
+
+        return TensorDict(obs=torch.arange(start, start + n, dtype=torch.float32).unsqueeze(-1),
+                          done=torch.zeros(n, 1, dtype=torch.bool), batch_size=[n])
+
+    def test_extend_wraps_around_in_place(self):
+        from examples.training import ReplayBuffer
+
+        rb = ReplayBuffer(5, self.transitions(0))
+        storage, cursor, size = rb.storage.get("obs"), rb.cursor, rb.size
+        rb.extend(self.transitions(1))
+        rb.extend(self.transitions(4))  # 4, 5 at the end, 6 over the first row
+        assert rb.storage.get("obs").squeeze(-1).tolist() == [6, 2, 3, 4, 5]
+        assert (rb.cursor.item(), rb.size.item()) == (1, 5)
+        # the same tensors, written in place: a CUDA graph that writes the buffer sees them
+        assert rb.storage.get("obs") is storage and rb.cursor is cursor and rb.size is size
+
+    def test_sample_draws_written_rows_only(self):
+        from examples.training import ReplayBuffer
+
+        torch.manual_seed(0)
+        rb = ReplayBuffer(100, self.transitions(0))
+        rb.extend(self.transitions(1))
+        batch = rb.sample(64)
+        assert batch.batch_size == torch.Size([64]) and set(batch.keys()) == {"obs", "done"}
+        assert set(batch["obs"].squeeze(-1).tolist()) == {1.0, 2.0, 3.0}
+        assert batch["done"].dtype == torch.bool
+
+
+class TestAddEpisodes:
+    def test_counts_finished_episodes_in_place(self):
+        from examples.training import Report
+
+        report = Report.__new__(Report)  # the counters only: no random-policy evaluation
+        report.ended_sum, report.ended_count = torch.zeros(()), torch.zeros(())
+        ended_sum = report.ended_sum
+        done = torch.tensor([[True, False], [False, True]])
+        report.add_episodes(done, torch.tensor([[-100.0, -7.0], [-3.0, -300.0]]))
+        assert (report.ended_sum.item(), report.ended_count.item()) == (-400.0, 2.0)
+        assert report.ended_sum is ended_sum
+
+
+# -- the table of runs: examples/results_table.py -----------------------------------------------
+
+def fake_result(script, envs, mode, **changes):
+    result = dict(script=script, algo=script[6:].upper(), mode=mode, envs=envs, env_steps=102_400, seconds=20.5,
+                  steps_per_s=12_345.6, final_return=-150.4, eval_return=-140.0, random_return=-1262.8,
+                  threshold=-200.0, threshold_episodes=10, threshold_seconds=3.25, threshold_env_steps=51_200,
+                  time_limited=False, device="cuda (NVIDIA H100)", torch="2.11.0", graphs={}, settings={})
+    result.update(changes)
+    return result
+
+
+class TestMarkdownTable:
+    def test_table(self):
+        from examples.results_table import markdown_table
+
+        table = markdown_table([
+            fake_result("train_ppo", 1, "graph"),
+            fake_result("train_ppo", 1, "eager", steps_per_s=950.0, threshold_seconds=None,
+                        threshold_env_steps=None, final_return=-700.0, time_limited=True),
+            {"script": "train_sac", "envs": 64, "mode": "compile", "error": "failed: exit 124 (timeout after 165 s)"},
+        ])
+        assert table.splitlines() == [
+            "threshold -200; random policy -1 263; device cuda (NVIDIA H100); torch 2.11.0 "
+            "(the threshold: the mean return of the latest 10+ finished episodes)",
+            "",
+            "| script | envs | mode | env steps/s | s to threshold | env steps to threshold | final return | note |",
+            "|---|---:|---|---:|---:|---:|---:|---|",
+            "| train_ppo | 1 | graph | 12 346 | 3.2 | 51 200 | -150 |  |",
+            "| train_ppo | 1 | eager | 950 | not reached | — | -700 | stopped at 20 s |",
+            "| train_sac | 64 | compile | — | — | — | — | failed: exit 124 (timeout after 165 s) |",
+        ]
+
+
+class TestLoad:
+    def test_sorted_by_script_envs_and_mode(self, tmp_path):
+        from examples.results_table import load
+
+        for script, envs, mode in [("train_sac", 1, "graph"), ("train_ppo", 256, "eager"),
+                                   ("train_ppo", 1, "compile+graph"), ("train_ppo", 1, "eager")]:
+            folder = tmp_path / f"envs{envs}"
+            folder.mkdir(exist_ok=True)
+            (folder / f"{script}_{mode}_summary.json").write_text(json.dumps(fake_result(script, envs, mode)))
+        (tmp_path / "train_ppo_graph.csv").write_text("not a summary")
+        results = load(str(tmp_path))
+        assert [(r["script"], r["envs"], r["mode"]) for r in results] == [
+            ("train_ppo", 1, "eager"), ("train_ppo", 1, "compile+graph"), ("train_ppo", 256, "eager"),
+            ("train_sac", 1, "graph")]
+        assert results[0]["path"] == str(tmp_path / "envs1" / "train_ppo_eager_summary.json")
+
+
+class TestPlot:
+    def test_a_panel_per_envs(self, tmp_path):
+        pytest.importorskip("matplotlib")
+        from examples.results_table import load, plot
+
+        for envs in (1, 256):
+            folder = tmp_path / f"envs{envs}"
+            folder.mkdir()
+            for mode in ("eager", "graph"):
+                (folder / f"train_ppo_{mode}_summary.json").write_text(json.dumps(fake_result("train_ppo", envs, mode)))
+                (folder / f"train_ppo_{mode}.csv").write_text(
+                    "wall_seconds,env_steps,mean_return\n1.0,100,-1200\n2.0,200,-300\n")
+        (tmp_path / "envs1" / "train_sac_graph_summary.json").write_text(
+            json.dumps({"script": "train_sac", "envs": 1, "mode": "graph", "error": "skipped: deadline"}))
+        assert plot(load(str(tmp_path)), str(tmp_path)) == [str(tmp_path / "train_ppo.png")]
+        png = (tmp_path / "train_ppo.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_results_table_command(tmp_path):
+    (tmp_path / "train_ppo_graph_summary.json").write_text(json.dumps(fake_result("train_ppo", 1, "graph")))
+    out = run("results_table.py", str(tmp_path))
+    assert "| train_ppo | 1 | graph | 12 346 | 3.2 | 51 200 | -150 |  |" in out
+
+
+def test_gpu_examples_script_parses():
+    """scripts/gpu_examples.sh needs a GPU to run; here, bash reads it."""
+    proc = subprocess.run(["bash", "-n", os.path.join(ROOT, "scripts", "gpu_examples.sh")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
