@@ -98,7 +98,8 @@ def plot(results: list[dict], out_dir: str) -> list[str]:
             for r in (r for r in runs if r["envs"] == n):
                 data = _curve(r)
                 if data:
-                    ax.plot(*zip(*data), label=f"{r['mode']} ({_number(r['steps_per_s'])} steps/s)")
+                    ax.plot(*zip(*data), label=f"{r['mode']} ({_number(r['steps_per_s'])} steps/s)",
+                            color=f"C{MODES.index(r['mode']) if r['mode'] in MODES else len(MODES)}")
             first = next(r for r in runs if r["envs"] == n)
             ax.axhline(first["threshold"], color="black", linestyle=":", label=f"threshold {first['threshold']:g}")
             if first["random_return"] is not None:

@@ -168,8 +168,10 @@ class Progress:
         if new_episodes:
             self.rows.append((elapsed, env_steps, mean_return))
         if self.bar is not None:
+            # the postfix first, without a redraw of its own: update() redraws at most every mininterval
+            self.bar.set_postfix_str(f"return {mean_return:.1f}" if math.isfinite(mean_return) else "no episode yet",
+                                     refresh=False)
             self.bar.update(env_steps - self.steps)
-            self.bar.set_postfix_str(f"return {mean_return:.1f}" if math.isfinite(mean_return) else "no episode yet")
         elif elapsed - self.last_print >= 5.0:
             self.last_print = elapsed
             shown = f"{mean_return:8.1f}" if math.isfinite(mean_return) else "(no episode yet)"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The training examples on a GPU in one call of the device tool (carry: .whl):
 #   examples/train_ppo.py and examples/train_sac.py in every mode, with one env and with many,
-#   each run under its own time limit and the whole under a deadline (default 540 s, for the
-#   tool's 10 minutes); then one markdown table of the runs and a plot per script.
+#   each run under its own time limit and the whole under a deadline (default 480 s, within
+#   the tool's 10 minutes); then one markdown table of the runs and a plot per script.
 # Usage (device tool): bash scripts/gpu_examples.sh                    (carry: [".whl"])
 # Writes under $OUT/examples:
 #   envs<N>/<script>_<mode>.csv, envs<N>/<script>_<mode>_summary.json, envs<N>/<script>.png
@@ -12,8 +12,8 @@
 # Runs go most important first (graph, eager, compile+graph, and compile last, with many envs
 # only), so a deadline cuts the least important: a run that does not fit is skipped, a run that
 # fails is recorded, and either shows in the table.
-# Knobs: GM_EX_SECONDS (training seconds per run, default 20), GM_EX_COMPILE_SECONDS (compile
-# modes, whose compilation counts in their time, default 45), GM_EX_DEADLINE (default 540),
+# Knobs: GM_EX_SECONDS (training seconds per run, default 15), GM_EX_COMPILE_SECONDS (compile
+# modes, whose compilation counts in their time, default 40), GM_EX_DEADLINE (default 480),
 # GM_EX_RUNS (an extended regex over "script:envs:mode" picking runs, e.g. 'ppo.*:graph$').
 set -u
 OUT=${OUT:-/tmp/graphmodule-gpu}
@@ -28,7 +28,7 @@ else
 fi
 dir=$OUT/examples
 mkdir -p "$dir/logs"
-seconds=${GM_EX_SECONDS:-20} compile_seconds=${GM_EX_COMPILE_SECONDS:-45} deadline=${GM_EX_DEADLINE:-540}
+seconds=${GM_EX_SECONDS:-15} compile_seconds=${GM_EX_COMPILE_SECONDS:-40} deadline=${GM_EX_DEADLINE:-480}
 {
   date -u +"date: %Y-%m-%dT%H:%MZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
