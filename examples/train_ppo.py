@@ -55,10 +55,10 @@ compilation included. ``--max-seconds S`` ends the run early (at the first repor
 
 Observed on CPU (2 cores, torch 2.13 CPU build, ``--mode eager``, default settings: 64 envs,
 200-step rollouts, 10 epochs of 512-sample minibatches, lr 1e-3 annealed, 40 iterations =
-512 000 env steps, seed 0): 49 s in all, about 10 500 env steps/s. The mean return of the
-finished training episodes rose steadily from -1 160 (first episodes; random policy: -1 263)
-through -697 at 102 400 steps to -171 at 166 400 (14 s: the threshold), stayed between -155
-and -220 after that, and ended at -181; the final policy's mean action scored -163.
+512 000 env steps, seed 0): 48 s in all, about 10 600 env steps/s. The mean return of the
+finished training episodes rose from -1 160 (first episodes; random policy: -1 263) through
+-746 at 102 400 steps to -176 at 166 400 (15 s: the threshold), stayed between -155 and -226
+after that, and ended at -183; the final policy's mean action scored -163.
 GPU numbers: see benchmarks/RESULTS.md (``scripts/gpu_examples.sh`` runs every mode with one env
 and with many).
 """
@@ -119,14 +119,20 @@ class Agent(nn.Module):
         self.critic = mlp(Pendulum.obs_dim, hidden, 1, device)
 
     def act(self, obs: torch.Tensor):
-        """Sample an action. ``loc + scale * randn_like(loc)`` rather than a distribution's
-        ``sample()``: ``torch.normal`` checks ``scale >= 0`` on the host, which a CUDA graph
-        cannot capture. The log-prob is the pre-tanh one: the tanh Jacobian cancels in PPO's
-        probability ratio."""
+        """Sample an action: ``(action, raw, noise)``, ``raw = loc + scale * noise`` before the
+        tanh. ``randn_like`` rather than a distribution's ``sample()``: ``torch.normal`` checks
+        ``scale >= 0`` on the host, which a CUDA graph cannot capture. The log-prob
+        (:meth:`noise_log_prob`) and the value are computed for the whole rollout at once,
+        after it: fewer kernels per step."""
         loc = self.actor(obs)
-        raw = loc + self.log_std.exp() * torch.randn_like(loc)
-        action = Pendulum.max_torque * raw.tanh()
-        return action, raw, gaussian_log_prob(raw, loc, self.log_std), self.critic(obs).squeeze(-1)
+        noise = torch.randn_like(loc)
+        raw = loc + self.log_std.exp() * noise
+        return Pendulum.max_torque * raw.tanh(), raw, noise
+
+    def noise_log_prob(self, noise: torch.Tensor) -> torch.Tensor:
+        """The log-prob of ``raw = loc + scale * noise`` (``gaussian_log_prob(raw, loc, log_std)``
+        without ``loc``). Pre-tanh: the tanh Jacobian cancels in PPO's probability ratio."""
+        return (-0.5 * noise.pow(2) - self.log_std - 0.5 * LOG_2PI).sum(-1)
 
     def mean_action(self, obs: torch.Tensor) -> torch.Tensor:
         return Pendulum.max_torque * self.actor(obs).tanh()
@@ -168,26 +174,29 @@ def train(args) -> None:
 
     def env_step(obs):
         """One step of every env under the current policy; the transition and the next observation."""
-        action, raw, logprob, value = agent_inference.act(obs)
+        action, raw, noise = agent_inference.act(obs)
         td, next_td = env.step_and_maybe_reset(TensorDict(observation=obs, action=action, batch_size=[args.envs]))
         transition = TensorDict(
-            obs=obs, raw=raw, logprob=logprob, value=value, next_obs=td["next", "observation"],
+            obs=obs, raw=raw, noise=noise, next_obs=td["next", "observation"],
             reward=td["next", "reward"].squeeze(-1), done=td["next", "done"].squeeze(-1),
             terminated=td["next", "terminated"].squeeze(-1), episode_reward=td["next", "episode_reward"].squeeze(-1),
             batch_size=[args.envs])
         return transition, next_td["observation"]
 
     def gae(container):
+        """The log-probs, values, advantages and returns of a rollout ([rollout, envs])."""
+        container["logprob"] = agent_inference.noise_log_prob(container["noise"])
+        value = container["value"] = agent_inference.critic(container["obs"]).squeeze(-1)
         next_value = agent_inference.critic(container["next_obs"]).squeeze(-1)
         not_terminated = (~container["terminated"]).float()
-        not_done = (~container["done"]).float()
-        delta = REWARD_SCALE * container["reward"] + GAMMA * next_value * not_terminated - container["value"]
+        discount = GAMMA * LMBDA * (~container["done"]).float()
+        delta = REWARD_SCALE * container["reward"] + GAMMA * next_value * not_terminated - value
         advantages, last = [], torch.zeros_like(delta[0])
         for t in range(delta.shape[0] - 1, -1, -1):
-            last = delta[t] + GAMMA * LMBDA * not_done[t] * last
+            last = torch.addcmul(delta[t], discount[t], last)  # one kernel a step
             advantages.append(last)
         container["advantages"] = torch.stack(advantages[::-1])
-        container["returns"] = container["advantages"] + container["value"]
+        container["returns"] = container["advantages"] + value
         return container
 
     # GAE stays uncompiled: dynamo would unroll its loop over the rollout (4 operations a step,
@@ -207,7 +216,7 @@ def train(args) -> None:
             transitions.append(transition)
         container = gae(torch.stack(transitions))  # [rollout, envs]
         report.add_episodes(container["done"], container["episode_reward"])
-        return container
+        return container.select("obs", "raw", "logprob", "advantages", "returns")  # what the updates read
 
     def update(obs, raw, logprob, advantages, returns):
         optimizer.zero_grad()
