@@ -19,13 +19,7 @@ set -u
 OUT=${OUT:-/tmp/graphmodule-gpu}
 start=$SECONDS
 export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=5  # a progress line every 5 s in the logs
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
+. "$(dirname "$0")/site.sh"  # the carried wheels on PYTHONPATH
 dir=$OUT/examples
 mkdir -p "$dir/logs"
 seconds=${GM_EX_SECONDS:-15} compile_seconds=${GM_EX_COMPILE_SECONDS:-40} deadline=${GM_EX_DEADLINE:-480}

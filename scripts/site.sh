@@ -1,0 +1,9 @@
+# Sourced by the GPU scripts: install the carried wheels (.whl/, for Python 3.12) into
+# /tmp/site and put them and the repository on PYTHONPATH; without .whl/, the repository only.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
