@@ -7,7 +7,8 @@
 Reads every ``*_summary.json`` below ``DIR`` (what ``train_ppo.py`` and ``train_sac.py``
 write with ``--out``; ``scripts/gpu_examples.sh`` puts each configuration in its own folder)
 and prints one markdown table: script, envs, mode, env steps/s, seconds and env steps until
-the return first reached the threshold, and the final return. A summary with an ``"error"``
+the return first reached the threshold, and the final return (the mean of the latest 10 or
+more finished episodes, as for the threshold). A summary with an ``"error"``
 (a run that failed or was skipped, written by ``scripts/gpu_examples.sh``) shows as such.
 With ``--plot`` (or ``--plot-only``), ``DIR/<script>.png`` draws return against wall-clock seconds for each mode,
 one panel per number of envs, from the CSV beside each summary.
@@ -57,7 +58,8 @@ def markdown_table(results: list[dict]) -> str:
     lines = []
     if facts:  # threshold -200; random policy -1 263; device cuda (...); torch 2.11.0
         lines += ["; ".join(facts) + " (the threshold: the mean return of the latest 10+ finished episodes)", ""]
-    lines += ["| script | envs | mode | env steps/s | s to threshold | env steps to threshold | final return | note |",
+    lines += ["| script | envs | mode | env steps/s | s to threshold | env steps to threshold | final return (10+ episodes) "
+              "| note |",
              "|---|---:|---|---:|---:|---:|---:|---|"]
     for r in results:
         if "error" in r:
@@ -67,7 +69,7 @@ def markdown_table(results: list[dict]) -> str:
             cells = [_number(r["steps_per_s"]),
                      _number(r["threshold_seconds"], 1) if reached else "not reached",
                      _number(r["threshold_env_steps"]) if reached else "—",
-                     _number(r["final_return"]),
+                     _number(r.get("recent_return", r["final_return"])),
                      f"stopped at {_number(r['seconds'])} s" if r.get("time_limited") else ""]
         lines.append("| " + " | ".join([r["script"], str(r["envs"]), r["mode"], *cells]) + " |")
     return "\n".join(lines)

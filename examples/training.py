@@ -221,6 +221,12 @@ class Threshold:
         if self.seconds is None and n >= self.episodes and sum(t for t, _ in self.window) / n >= self.value:
             self.seconds, self.env_steps = seconds, env_steps
 
+    @property
+    def mean(self) -> float | None:
+        """The mean return of the episodes in the window (the latest ``episodes`` or more)."""
+        n = sum(c for _, c in self.window)
+        return sum(t for t, _ in self.window) / n if n else None
+
 
 class Report:
     """What a training script reports, and the only places where it reads the device.
@@ -291,6 +297,7 @@ class Report:
             script=self.script, algo=self.algo, mode=args.mode, envs=args.envs, env_steps=env_steps,
             seconds=round(seconds, 3), steps_per_s=round(env_steps / seconds, 1),
             final_return=_finite(self.mean_return), eval_return=_finite(eval_return),
+            recent_return=None if self.threshold.mean is None else _finite(self.threshold.mean),
             random_return=_finite(self.random_return), threshold=args.threshold,
             threshold_episodes=self.threshold.episodes,
             threshold_seconds=round(self.threshold.seconds, 3) if reached else None,

@@ -138,7 +138,7 @@ def test_training_summary_json(script, mode, smoke_run):
     line, result = summary(out), summary_json(out_dir, script, mode)
     assert set(result) == {
         "script", "algo", "mode", "envs", "env_steps", "seconds", "steps_per_s", "final_return", "eval_return",
-        "random_return", "threshold", "threshold_episodes", "threshold_seconds", "threshold_env_steps",
+        "recent_return", "random_return", "threshold", "threshold_episodes", "threshold_seconds", "threshold_env_steps",
         "time_limited", "device", "torch", "graphs", "settings"}
     assert (result["script"], result["mode"], result["torch"]) == (script.replace(".py", ""), mode, torch.__version__)
     assert result["device"] == ("cpu" if not torch.cuda.is_available() else f"cuda ({torch.cuda.get_device_name()})")
@@ -146,6 +146,7 @@ def test_training_summary_json(script, mode, smoke_run):
     assert result["steps_per_s"] == pytest.approx(float(line["steps_per_s"]), abs=1)
     for key, name in (("final_return", "final"), ("eval_return", "eval"), ("random_return", "random")):
         assert result[key] == pytest.approx(float(line[name]), abs=0.06), key
+    assert -3300 < result["recent_return"] < 0  # the latest 10+ episodes' mean: all of a smoke run's (4 or 12)
     assert (result["threshold"], result["threshold_episodes"], result["threshold_seconds"],
             result["threshold_env_steps"], result["time_limited"]) == (-200.0, 10, None, None, False)
     assert result["settings"]["smoke"] is True and result["settings"]["envs"] == result["envs"]
@@ -255,6 +256,16 @@ class TestThreshold:
         t.add(2.0, 102_400, -190.0 * 256, 256)
         assert (t.seconds, t.env_steps) == (2.0, 102_400)
 
+    def test_mean_of_the_window(self):
+        from examples.training import Threshold
+
+        t = Threshold(-200.0, episodes=2)
+        assert t.mean is None
+        t.add(1.0, 100, -900.0, 1)
+        t.add(2.0, 200, -300.0, 1)
+        t.add(3.0, 300, -3.0, 1)  # one lucky episode does not make the final return
+        assert t.mean == pytest.approx(-151.5)
+
     def test_reports_without_episodes_change_nothing(self):
         from examples.training import Threshold
 
@@ -325,14 +336,15 @@ class TestMarkdownTable:
         table = markdown_table([
             fake_result("train_ppo", 1, "graph"),
             fake_result("train_ppo", 1, "eager", steps_per_s=950.0, threshold_seconds=None,
-                        threshold_env_steps=None, final_return=-700.0, time_limited=True),
+                        threshold_env_steps=None, final_return=-3.0, recent_return=-700.0, time_limited=True),
             {"script": "train_sac", "envs": 64, "mode": "compile", "error": "failed: exit 124 (timeout after 165 s)"},
         ])
         assert table.splitlines() == [
             "threshold -200; random policy -1 263; device cuda (NVIDIA H100); torch 2.11.0 "
             "(the threshold: the mean return of the latest 10+ finished episodes)",
             "",
-            "| script | envs | mode | env steps/s | s to threshold | env steps to threshold | final return | note |",
+            "| script | envs | mode | env steps/s | s to threshold | env steps to threshold | final return (10+ episodes) "
+            "| note |",
             "|---|---:|---|---:|---:|---:|---:|---|",
             "| train_ppo | 1 | graph | 12 346 | 3.2 | 51 200 | -150 |  |",
             "| train_ppo | 1 | eager | 950 | not reached | — | -700 | stopped at 20 s |",
