@@ -262,7 +262,7 @@ class Watch:
         """Some places hold other objects: still what the graph reads if each is a tensor
         with the same memory and layout, or an equal Python value (exactly: -0.0 is not
         0.0). Then the new objects are kept, so that the next check is the fast one."""
-        objects, kinds, facts = self._objects, self._kinds, self._facts
+        objects, kinds, facts = self._place_objects + self._cell_objects, self._kinds, self._facts
         changed = [i for i, (a, b) in enumerate(zip(now, objects)) if a is not b]
         for i in changed:
             kind = kinds[i]
@@ -307,7 +307,6 @@ class Watch:
         self._containers = [p[0] for p in places]
         self._keys = [p[1] for p in places]
         self._cells = [p[0].cell for p in cells]
-        self._objects = [p[2] for p in places + cells]
         self._place_objects = [p[2] for p in places]
         self._cell_objects = [p[2] for p in cells]
         self._kinds = [p[3] for p in places + cells]
