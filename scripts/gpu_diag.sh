@@ -7,9 +7,7 @@ set -u
 OUT=${OUT:-/tmp/graphmodule-diag}
 mkdir -p "$OUT"
 here=$(dirname "$0")
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/tensordict ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-fi
+GM_SITE_ONCE=1 . "$(dirname "$0")/site.sh"  # the carried wheels on PYTHONPATH
 for what in "$@"; do
   case $what in
     profile)  # the cases after the 20th only (imports and first captures left out)

@@ -15,9 +15,7 @@ seconds=${1:-300}
 workers=${2:-2}
 OUT=${OUT:-/tmp/graphmodule-fuzz}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/tensordict ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-fi
+GM_SITE_ONCE=1 . "$(dirname "$0")/site.sh"  # the carried wheels on PYTHONPATH
 # One intra-op thread per worker: the harness's CPU tensors are tiny, and torch's default (one
 # thread per core in every worker) oversubscribes the cores, which may be what stopped workers
 # from scaling (not tried on a GPU yet; the time-slicing explanation above is not proven either).

@@ -7,8 +7,8 @@ set -u
 pairs=${1:-5}; shift
 OUT=${OUT:-/tmp/graphmodule-speed}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+. "$(dirname "$0")/site.sh"  # the carried wheels on PYTHONPATH
+export PYTHONUNBUFFERED=1
 for f in "$@"; do
   printf '%-44s ' "$f" | tee -a "$OUT/tests.txt"
   timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --strict-markers --benchmark-disable" "$f" \
