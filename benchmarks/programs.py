@@ -171,7 +171,6 @@ class Interleave:
         self.block, self.active = block, None
         self.wraps = (make_wrap("tensordict"), make_wrap("graphmodule", backend=backend))
         self.built: list = []
-        self.host, self.calls = [0.0, 0.0], [0, 0]
         self.per_fn: list[list[list[float]]] = []  # [function][wrapper] = [host seconds, calls]
         self.blocks: list[tuple[int, float, int]] = []  # (wrapper, seconds, steps)
         self.t_block, self.steps_in_block, self.ticks = 0.0, 0, 0
@@ -191,10 +190,7 @@ class Interleave:
                 return pair[which](*args, **kw)
             t0 = time.perf_counter()
             out = pair[which](*args, **kw)
-            dt = time.perf_counter() - t0
-            self.host[which] += dt
-            self.calls[which] += 1
-            mine[which][0] += dt
+            mine[which][0] += time.perf_counter() - t0
             mine[which][1] += 1
             return out
 
@@ -220,7 +216,8 @@ class Interleave:
             seconds, steps = sum(b[0] for b in blocks), sum(b[1] for b in blocks)
             out[name] = {"blocks": len(blocks), "seconds": seconds, "steps": steps,
                          "steps_per_s": steps / seconds if seconds else math.nan,
-                         "host_s": self.host[i], "calls": self.calls[i],
+                         "host_s": sum(fn[i][0] for fn in self.per_fn),
+                         "calls": sum(fn[i][1] for fn in self.per_fn),
                          "block_s": [b[0] / b[1] for b in blocks]}  # seconds per step, block by block
         # each graphmodule block against the mean of its tensordict neighbours (drift cancels)
         per = [(w, sec / steps) for w, sec, steps in self.blocks if steps]
