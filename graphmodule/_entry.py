@@ -228,8 +228,10 @@ class Entry:
             if self.layer is not None:  # the simulated backward differentiates this run
                 self.layer.ran(found)
             # A real replay runs no Python; this re-run did, and may have rebound what the
-            # watch holds (``group["lr"] = ...`` inside the function): look again.
-            self.watch = Watch(module)
+            # watch holds (``group["lr"] = 0.5 * lr`` inside the function): look again where
+            # its check fails (a watch kept, as on CUDA, keeps its dict watchers' state).
+            if not self.watch.check():
+                self.watch = Watch(module)
             with torch.no_grad():
                 for j, fresh in found.items():
                     static = graph[j]

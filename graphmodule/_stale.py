@@ -11,7 +11,11 @@ capture, by walking from the wrapped callable:
   objects and by value for Python scalars; and everything those lead to, as above.
 
 Each replay checks these with a few C-level passes (``map`` over getters); the slow
-walk that names what changed runs only when that check fails.
+walk that names what changed runs only when that check fails. Where Python has dict
+watchers (CPython 3.12+, see :mod:`._dictwatch`), places in dicts (nearly all of them:
+``_parameters``, ``__dict__``, optimizer state) are read only after one of those dicts
+changed; lists, closure cells and globals are read at every check, and so are the
+addresses of the tensors (``p.data = ...`` changes no dict).
 
 Not seen: Python values read from objects the walk does not reach (deeper than
 :data:`MAX_DEPTH`, or behind properties), and tensors rebound inside containers the
@@ -31,6 +35,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from . import _dictwatch
 from ._spec import same_constant
 
 __all__ = ["Watch", "PythonEffects", "MAX_DEPTH"]
@@ -92,6 +97,9 @@ class Watch:
         self._v: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, values, labels
         self._tensors: list[torch.Tensor] = []  # the tensor at each watched place, at capture
         self._seen: set[int] = set()
+        self._instance_dicts: set[int] = set()  # objects' __dict__s (watchable where probed so)
+        self._globals: set[int] = set()  # modules' globals: scripts rebind them all the time
+        self._flag: _dictwatch.Flag | None = None  # dict places verified since the flag went down
         self.functions: list[tuple[Callable, str]] = []
         self.modules: list[tuple[nn.Module, str]] = []
         self._visit(fn, "module" if isinstance(fn, nn.Module) else "the wrapped callable", 0)
@@ -150,6 +158,7 @@ class Watch:
             # Python scalars of arbitrary objects are not watched: counters on an object the
             # function merely mentions would make every call stale.
             attrs = vars(obj)
+            self._instance_dicts.add(id(attrs))
             for name, value in list(attrs.items()):
                 if not name.startswith("__") and isinstance(value, _WORTH):
                     self._bind(attrs, name, value, f"{label}.{name}", depth)
@@ -169,6 +178,7 @@ class Watch:
                 continue
             self._bind(_Cell(cell), None, value, f"closure variable {var!r} of {name}", depth)
         globs = fn.__globals__
+        self._globals.add(id(globs))
         for var in sorted(_global_names(fn.__code__)):
             if var in globs and not isinstance(globs[var], (types.ModuleType, type)):
                 self._bind(globs, var, globs[var], f"global {var!r} read by {name}", depth)
@@ -192,6 +202,7 @@ class Watch:
                 for lst, item in zip(self._o, (m.__dict__["_modules"], name, child, f"{where}.{name}")):
                     lst.append(item)
             attrs = m.__dict__
+            self._instance_dicts.add(id(attrs))
             unread = _UNREAD.get(type(m), ())
             for name, value in list(attrs.items()):
                 if name.startswith("_") or name == "training" or name in unread:
@@ -205,6 +216,7 @@ class Watch:
     def _optimizer(self, opt: torch.optim.Optimizer, label: str, depth: int) -> None:
         label = f"{label} ({type(opt).__name__})"
         attrs = opt.__dict__
+        self._instance_dicts.add(id(attrs))
         for lst, item in zip(self._o, (attrs, "param_groups", opt.param_groups, f"{label}.param_groups")):
             lst.append(item)
         for lst, item in zip(self._o, (attrs, "state", opt.state, f"{label}.state")):
@@ -239,20 +251,44 @@ class Watch:
     # -- the per-call check ----------------------------------------------------------------
     def check(self) -> bool:
         """Whether everything found at capture is still what the graph reads. Cheap: one
-        C-level pass reads every watched place and compares it by identity with what was
-        there at capture (no list built), one more compares the addresses of the distinct
-        tensors (``p.data = ...`` keeps the object, not its memory). Only a place holding
-        another object (an equal float rebound, a new tensor over the same memory) takes the
-        slower comparison."""
+        C-level pass reads the watched places and compares them by identity with what was
+        there at capture (no list built): all of them after a dict that holds some changed
+        (a dict watcher's flag), else only those no watcher covers; one more compares the
+        addresses of the distinct tensors (``p.data = ...`` keeps the object, not its memory).
+        Only a place holding another object (an equal float rebound, a new tensor over the
+        same memory) takes the slower comparison."""
+        flag = self._flag
         try:
-            same = all(map(is_, map(getitem, self._containers, self._keys), self._place_objects))
+            if flag is not None and not flag.raised:  # no watched dict changed: the others only
+                same = all(map(is_, map(getitem, self._u_containers, self._u_keys), self._u_objects))
+            else:
+                same = self._read_all()
             if same and self._cells:
                 same = all(map(is_, map(_contents, self._cells), self._cell_objects))
             if not same and not self._adopt(self._now()):
+                self._raise()
                 return False
         except (KeyError, IndexError, AttributeError, TypeError, ValueError):
+            self._raise()
             return False
         return _same_addresses(self._tobjs, self._tptrs, self._tindex)
+
+    def _read_all(self) -> bool:
+        """Every place, read by identity; the dict watchers registered first (at the first
+        check) and the flag lowered before reading: a change from here on raises it again."""
+        if self._flag is None and self._watched_dicts:
+            flag = _dictwatch.Flag()
+            if _dictwatch.watch(self._watched_dicts, flag):
+                self._flag = flag
+            else:
+                self._watched_dicts = []
+        if self._flag is not None:
+            self._flag.raised = False
+        return all(map(is_, map(getitem, self._containers, self._keys), self._place_objects))
+
+    def _raise(self) -> None:
+        if self._flag is not None:
+            self._flag.raised = True
 
     def _now(self) -> list:
         """What every watched place holds now (places, then cells)."""
@@ -279,6 +315,7 @@ class Watch:
                 self._adopt_tensor(kinds[i], now[i])
         n = len(self._containers)
         self._place_objects, self._cell_objects = objects[:n], objects[n:]
+        self._u_objects = self._place_objects[:len(self._u_containers)]
         return True
 
     def _adopt_tensor(self, index: int, tensor: torch.Tensor) -> None:
@@ -304,11 +341,21 @@ class Watch:
         values = [(c, k, value, "value") for c, k, value in zip(*self._v[:3])]
         places = [p for p in tensors + objects + values if not isinstance(p[0], _Cell)]
         cells = [p for p in tensors + objects + values if isinstance(p[0], _Cell)]
+        # the places the check reads at every call first (lists, globals, ...); then those it
+        # reads only after a watched dict changed, and tuples' (which never change)
+        kind = [2 if isinstance(p[0], tuple) else 1 if self._watchable(p[0]) else 0 for p in places]
+        unwatched = [p for p, k in zip(places, kind) if k == 0]
+        watched = [p for p, k in zip(places, kind) if k == 1]
+        places = unwatched + watched + [p for p, k in zip(places, kind) if k == 2]
+        self._watched_dicts = [p[0] for p in watched]
         self._containers = [p[0] for p in places]
         self._keys = [p[1] for p in places]
         self._cells = [p[0].cell for p in cells]
         self._place_objects = [p[2] for p in places]
         self._cell_objects = [p[2] for p in cells]
+        self._u_containers = [p[0] for p in unwatched]
+        self._u_keys = [p[1] for p in unwatched]
+        self._u_objects = self._place_objects[:len(unwatched)]
         self._kinds = [p[3] for p in places + cells]
         slots: dict[int, int] = {}
         self._slot = [slots.setdefault(id(t), len(slots)) for t in self._tensors]
@@ -316,6 +363,10 @@ class Watch:
         self._tptrs = list(map(_data_ptr, self._tobjs))
         self._facts = list(map(_facts, self._tensors))
         self._tindex = list(range(len(self._tobjs)))
+
+    def _watchable(self, container: Any) -> bool:
+        return id(container) not in self._globals and _dictwatch.watchable(
+            container, instance_dict=id(container) in self._instance_dicts)
 
     def changes(self) -> list[tuple[str, str]]:
         """What changed, for the message (the slow path)."""

@@ -272,3 +272,97 @@ SCALE = 2.0
 
 def _scaled(x):
     return x * SCALE
+
+
+class _Holder:
+    pass
+
+
+def _program():
+    """A closure over a module, its optimizer (with state), a TensorDict and an object."""
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    net.scale = 1.0
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    net(X).sum().backward()
+    opt.step()
+    td = TensorDict({"x": torch.ones(3)}, [])
+    holder = _Holder()
+    holder.w = torch.ones(3)
+    holder.unread = 0
+
+    def step():
+        return net(X) * net.scale + td["x"] + holder.w, opt
+
+    return step, net, opt, td, holder
+
+
+def _param(opt):
+    return opt.param_groups[0]["params"][0]
+
+
+_CHANGES = {
+    "parameter assigned": (lambda s, net, opt, td, h: setattr(net[0], "weight", nn.Parameter(torch.zeros(3, 3))), False),
+    "_parameters written": (lambda s, net, opt, td, h: net[0]._parameters.__setitem__("bias", torch.zeros(3)), False),
+    "load_state_dict(assign=True)": (lambda s, net, opt, td, h: net.load_state_dict(
+        {k: v.clone() for k, v in net.state_dict().items()}, assign=True), False),
+    ".data assigned": (lambda s, net, opt, td, h: setattr(net[0].weight, "data", torch.zeros(3, 3)), False),
+    "submodule replaced": (lambda s, net, opt, td, h: net.__setitem__(1, nn.Tanh()), False),
+    "float attribute": (lambda s, net, opt, td, h: setattr(net, "scale", 2.0), False),
+    "learning rate": (lambda s, net, opt, td, h: opt.param_groups[0].__setitem__("lr", 0.5), False),
+    "optimizer state tensor": (lambda s, net, opt, td, h: opt.state[_param(opt)].__setitem__(
+        "exp_avg", torch.zeros(3, 3)), False),
+    "optimizer reloaded": (lambda s, net, opt, td, h: opt.load_state_dict(opt.state_dict()), False),
+    "param list entry": (lambda s, net, opt, td, h: opt.param_groups[0]["params"].__setitem__(
+        0, nn.Parameter(torch.zeros(3, 3))), False),
+    "TensorDict entry": (lambda s, net, opt, td, h: td.set("x", torch.zeros(3)), False),
+    "object attribute": (lambda s, net, opt, td, h: setattr(h, "w", torch.zeros(3)), False),
+    "in-place write": (lambda s, net, opt, td, h: net[0].weight.data.mul_(2), True),
+    "unread attribute added": (lambda s, net, opt, td, h: setattr(net, "note", "hello"), True),
+    "unread scalar changed": (lambda s, net, opt, td, h: setattr(h, "unread", 5), True),
+    "equal float rebound": (lambda s, net, opt, td, h: setattr(net, "scale", float("1.0")), True),
+    "same memory, new parameter": (lambda s, net, opt, td, h: setattr(
+        net[0], "weight", nn.Parameter(net[0].weight.detach())), False),
+}
+
+
+class TestDictWatchers:
+    """With dict watchers (CPython 3.12+) a check reads dict places only after a dict
+    changed: its verdict must be the full read's, for every way a program changes state."""
+
+    @pytest.mark.parametrize("name", sorted(_CHANGES))
+    def test_same_verdict_as_reading_every_place(self, name, monkeypatch):
+        from graphmodule import _dictwatch
+
+        change, fine = _CHANGES[name]
+        verdicts = []
+        for watchers in (True, False):
+            if not watchers:
+                monkeypatch.setattr(_dictwatch, "watchable", lambda d, instance_dict: False)
+            step, *state = _program()
+            w = Watch(step)
+            assert w.check() and w.check()  # the second: the fast path, where watchers exist
+            if watchers and _dictwatch.available():
+                assert w._flag is not None and not w._flag.raised
+            change(step, *state)
+            verdicts.append((w.check(), w.check()))  # (a failed check stays failed)
+        assert verdicts[0] == verdicts[1]
+        if name == "same memory, new parameter":  # only the object changed: adopted
+            fine = True
+        assert verdicts[0] == (fine, fine), name
+
+    def test_the_watched_dicts_are_not_read_while_unchanged(self):
+        from graphmodule import _dictwatch
+
+        if not _dictwatch.available():
+            pytest.skip("dict watchers need CPython 3.12+")
+        step, net, *_ = _program()
+        w = Watch(step)
+        assert w.check()
+        assert len(w._u_containers) < len(w._containers) / 4  # most places are dict entries
+        # what the check compares for the dict places, made wrong behind the watcher's back:
+        # unseen while no dict changes, seen once one does
+        n = len(w._u_containers)
+        w._place_objects[n:] = [object()] * (len(w._place_objects) - n)
+        assert w.check()
+        net.note = "a change to a watched dict"
+        assert not w.check()
