@@ -37,6 +37,13 @@ are, see ``_capture``); the backward graph, whose results are consumed within th
 pass, goes in the shared pool. It is run once eagerly on the captured forward's activations
 before its capture (no second forward), so that what it uses initialises outside the capture.
 
+Streams: a layer's graphs are captured on the runner's side stream, and so are the
+parameters' AccumulateGrad nodes the captured autograd graph keeps (each parameter has one
+while any graph holds it). Each call's node is made on that stream too, so that autograd runs
+its backward there and hands the gradients to those nodes on their own stream; autograd
+orders the streams (your gradients in, the inputs' gradients out, and your stream waits for
+the backward's end).
+
 With ``backend="simulate"`` the backward "replay" runs ``torch.autograd.grad`` on the
 outputs of the forward's last re-run, so CPU tests exercise the same path.
 """
@@ -302,6 +309,7 @@ class Layer:
         self.anchor = torch.empty(0, device="cpu")
         self.fresh: dict[int, Tensor] = dict(zip(out_index, outs))  # simulated: the last forward's outputs
         self.keep = outs  # the captured autograd graph: its saved activations stay allocated
+        self.stream = getattr(runner, "stream", None)  # where the graphs were captured (CUDA)
         self.grad_out = [torch.zeros_like(o, memory_format=torch.contiguous_format) for o in outs]
         frontier = self._frontier()
         # the backward once eagerly first, on the forward's activations (no second forward):
@@ -364,7 +372,22 @@ class Layer:
         self.generation += 1
         box: list[Any] = []
         edges = [leaves[i] for i in self.tracked] + self.params()
-        outs = _GraphedLayer.apply(self, plan, clone, box, *edges)
+        values = plan.values(clone)  # (on your stream, after the replay)
+        stream = self.stream
+        if stream is None:
+            outs = _GraphedLayer.apply(self, plan, values, box, *edges)
+        else:
+            # The node is made on the capture's stream, where the parameters' AccumulateGrad
+            # nodes were made (the forward capture made them; the autograd graph it keeps,
+            # keeps them): autograd runs its backward there, and hands the gradients it
+            # returns to those nodes on their own stream. Made on yours, each backward warned
+            # of a stream mismatch (and synchronised the two streams). It launches nothing.
+            caller = torch.cuda.current_stream(stream.device)
+            torch.cuda.set_stream(stream)
+            try:
+                outs = _GraphedLayer.apply(self, plan, values, box, *edges)
+            finally:
+                torch.cuda.set_stream(caller)
         for j, t in zip(self.out_index, outs):
             box[j] = t
         return box
@@ -423,8 +446,7 @@ class _GraphedLayer(torch.autograd.Function):
     """One call of a layer: forward, the call's outputs; backward, a backward-graph replay."""
 
     @staticmethod
-    def forward(ctx, layer: Layer, plan: Any, clone: bool, box: list, *edges: Tensor):
-        values = plan.values(clone)
+    def forward(ctx, layer: Layer, plan: Any, values: list, box: list, *edges: Tensor):
         box.extend(values)
         graph = plan.graph
         # the graph's own buffers (outputs="static") get an object per call for autograd
