@@ -63,7 +63,7 @@ class Runner(Protocol):
 
     def debug_dump(self, handle: Any, path: str, owner: str) -> None: ...
 
-    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False) -> tuple[Any, Any]: ...
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> tuple[Any, Any]: ...
 
     def replay(self, handle: Any) -> None: ...
 
@@ -90,12 +90,14 @@ class EagerRunner:
 
 
 class SimulatedHandle:
-    """A simulated graph: ``refresh()`` re-runs the function and updates the static results."""
+    """A simulated graph: ``refresh()`` re-runs the function and updates the static results.
+    ``alone``: captured where a real graph would have a pool of its own (tests read it)."""
 
-    __slots__ = ("refresh",)
+    __slots__ = ("refresh", "alone")
 
-    def __init__(self) -> None:
+    def __init__(self, alone: bool = False) -> None:
         self.refresh: Callable[[], None] | None = None
+        self.alone = alone
 
 
 class SimulatedRunner(EagerRunner):
@@ -103,7 +105,7 @@ class SimulatedRunner(EagerRunner):
 
     captures = True
 
-    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False) -> tuple[Any, Any]:
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> tuple[Any, Any]:
         start = time.perf_counter()
         _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
         try:
@@ -113,7 +115,7 @@ class SimulatedRunner(EagerRunner):
         finally:
             _LOCAL.depth -= 1
         self.capture_seconds = time.perf_counter() - start
-        return SimulatedHandle(), out
+        return SimulatedHandle(bool(alone) and beside is None), out
 
     def replay(self, handle: SimulatedHandle) -> None:
         handle.refresh()
@@ -186,8 +188,10 @@ class CudaRunner:
             caller.wait_stream(self.stream)
         return out
 
-    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False) -> tuple[Any, Any]:
-        """Capture ``body``; ``alone``: in memory no other graph writes (lent outputs).
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> tuple[Any, Any]:
+        """Capture ``body``; ``alone``: in memory no other graph writes (lent outputs);
+        ``beside``: a graph whose pool this one shares (a twin copying its results out, see
+        ``_twin``: the shared pool, or the pool of its own the first graph has).
 
         Graphs sharing a pool share memory: a graph captured later may put its outputs in
         the blocks an earlier graph used for temporaries, which that graph writes at every
@@ -199,16 +203,20 @@ class CudaRunner:
         with _CAPTURE_LOCK:
             _ACTIVE[0] += 1
             try:
-                return self._capture(body, owner, alone)
+                return self._capture(body, owner, alone, beside)
             finally:
                 _ACTIVE[0] -= 1
 
-    def _capture(self, body: Callable[[], Any], owner: str, alone: bool) -> tuple[Any, Any]:
+    def _capture(self, body: Callable[[], Any], owner: str, alone: bool, beside: Any = None) -> tuple[Any, Any]:
         start = time.perf_counter()
         self._check_pool(owner)
+        # beside a graph captured alone: in its pool, whose temporaries' memory this reuses
+        # (an _EmptyGraph has no pool; one in the shared pool carries _graphmodule_pool)
+        private = (beside.pool() if isinstance(beside, torch.cuda.CUDAGraph)
+                   and getattr(beside, "_graphmodule_pool", None) is None else None)
         # (after _check_pool, a pool in _USED holds a graph: emptied ones were replaced)
-        shared = not (alone and self.pool in _USED)
-        pool = self.pool if shared else torch.cuda.graph_pool_handle()
+        shared = private is None and not (alone and beside is None and self.pool in _USED)
+        pool = self.pool if shared else private if private is not None else torch.cuda.graph_pool_handle()
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream()
             torch.cuda.synchronize()

@@ -13,18 +13,30 @@ storage), and just before the next replay looks at its use count
 - a caller still holds a result, a view of one or a container with one: this graph must
   not run. The commonest holder is the caller's own variable (in ``for ...: out = g(x)``,
   ``out`` holds the last result while the next call runs), so the first time, the entry
-  captures the same call a second time with buffers of its own (a *twin*, sharing the
-  memory pool: only the inputs' and results' buffers are doubled); from then on the two
-  alternate, each replayed while the other's results are held, with no copy. A caller
-  that holds one result more (the last round's, kept past a loop) gets a third set;
+  captures the same call a second time with buffers of its own (a *twin*); from then on
+  the two alternate, each replayed while the other's results are held. A caller that
+  holds one result more (the last round's, kept past a loop) gets a third set;
 - the results of all :data:`OUTPUT_SETS` sets are held (a list of losses, a rollout of
   actions kept whole): the call is captured once more, returning copies from then on
   (``outputs="clone"`` for that signature), and the lending graphs are dropped.
 
-A lent storage keeps the graph's memory alive (it is made through the CUDA array
-interface, or the buffer protocol on the CPU, over an object holding the graph's own
-storage): results outlive their graph (the wrapper deleted or reset, the graph dropped or
-evicted), and the memory goes back to the pool when the last of them goes.
+What a set costs. The first graph lends the memory its capture put its results in, with
+no copy (captured in a pool of its own where the shared pool already holds a graph: a graph
+sharing a pool writes its temporaries where a graph captured after it may have put its
+results). A twin is captured beside it, in the same pool, whose free memory (the first
+capture's temporaries) its own temporaries reuse, and its graph's last kernels copy its
+results into buffers allocated before its capture by the ordinary caching allocator,
+outside any graph pool, where no graph writes (``_twin``): it lends those. So a twin costs
+a set of input and output buffers, and at each of its replays one copy of its results on
+the device, inside the graph (no launch more); ``stats.twin_bytes`` counts what twins
+added. (A graph used as a layer, whose activations must outlive a replay until its
+backward, still gets a whole capture per twin, in a pool of its own.)
+
+A lent storage keeps its memory alive (it is made through the CUDA array interface, or
+the buffer protocol on the CPU, over an object holding the graph's own storage, or the
+twin's buffer): results outlive their graph (the wrapper deleted or reset, the graph
+dropped or evicted), and the memory goes back to the pool, or the allocator, when the last
+of them goes.
 
 What this cannot see: a raw address taken from a result (``data_ptr()``, DLPack,
 ``__cuda_array_interface__``), work another stream has queued on a result without the

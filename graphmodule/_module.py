@@ -51,6 +51,11 @@ log = logging.getLogger("graphmodule")
 _NOTHING = object()
 
 
+def _buffer_bytes(tensors: list[torch.Tensor]) -> int:
+    """The memory of the storages under ``tensors``, each counted once."""
+    return sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}.values())
+
+
 class CudaGraphModule(WrapperSurface):
     """Run a function, ``nn.Module`` or TensorDict module as a CUDA graph.
 
@@ -451,9 +456,15 @@ class CudaGraphModule(WrapperSurface):
         return self._capture_copying(entry, leaves, objs, tree)
 
     def _record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool) -> Entry:
+        """``entry``'s call captured again: a twin (``lend``), or a graph returning copies.
+
+        A twin copies its results, inside its graph, into buffers of its own beside
+        ``entry``'s graph (``_twin``); a layer's twin, whose activations must outlive the
+        replay until its backward, is a whole capture in a pool of its own."""
+        like = entry if lend and entry.layer is None and entry.plan.lender is not None else None
         return record(owner=self._owner, module=self.module, runner=self._runner, layout=entry.spec.layout,
                       leaves=list(leaves), mode=entry.mode, clone=True, lend=lend, texts=entry.texts,
-                      objs=objs, alone=entry.layer is not None)[0]
+                      objs=objs, alone=entry.layer is not None, like=like)[0]
 
     def _capture_twin(self, entry: Entry, leaves, objs, tree) -> Any:
         """The same call captured again, with buffers of its own; its result, or ``_NOTHING``
@@ -474,6 +485,8 @@ class CudaGraphModule(WrapperSurface):
             twin.release()
             return _NOTHING
         self._stats.twin_captures += 1
+        # its output buffers (outside any pool), and what its capture added to the pool
+        self._stats.twin_bytes += self._runner.capture_bytes + _buffer_bytes(twin.plan.graph)
         twin.renew = entry.renew
         if not entry.watch.check():
             twin.sets_done = True

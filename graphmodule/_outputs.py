@@ -34,7 +34,7 @@ from ._inputs import Materialized, Span, StaticInputs, resolve, storage_base
 from ._lend import Lender
 from ._lend import available as lendable
 
-__all__ = ["PlanBuilder", "Plan", "build"]
+__all__ = ["PlanBuilder", "Plan", "build", "collect", "collect_call"]
 
 Tensor = torch.Tensor
 
@@ -381,3 +381,20 @@ def collect(recipe: tuple, value: Any, out: dict[int, Tensor]) -> None:
     elif tag == LAZY:
         for r, v in zip(recipe[2], value.tensordicts):
             collect(r, v, out)
+
+
+def collect_call(out_recipe: tuple, ops: list, out: Any, targets: list, found: dict[int, Tensor]) -> None:
+    """The fresh tensors at the ``GRAPH`` places of a run of the function: in what it
+    returned (``out``) and in the containers its effects (``ops``) write (``targets``, as
+    handed to it). For simulated replays, and a twin's copies (``_twin``)."""
+    collect(out_recipe, out, found)
+    for op, target in zip(ops, targets):
+        if op[0] == "td":
+            for name, recipe in op[2]:
+                collect(recipe, target.get(name), found)
+        elif op[0] == "dict":
+            for key, recipe in zip(op[2], op[3]):
+                collect(recipe, target[key], found)
+        else:
+            for value, recipe in zip(target, op[2]):
+                collect(recipe, value, found)

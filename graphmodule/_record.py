@@ -31,6 +31,7 @@ from ._paths import describe, leaf_texts
 from ._spec import InputSpec
 from ._stale import PythonEffects, Watch
 from ._tree import Layout, _is_node
+from ._twin import CopyOut
 
 __all__ = ["read_call", "record", "mode_reader"]
 
@@ -112,11 +113,14 @@ def record(
     objs: dict | None = None,
     eager_keys: list | None = None,
     alone: bool = False,
+    like: Entry | None = None,
 ) -> tuple[Entry, Materialized]:
     """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
 
     ``alone``: capture in memory no other graph writes, as for lent outputs (a graph that is
     likely a layer: its activations must outlive the replay, until its backward).
+    ``like``: a lending graph of this call whose twin this is: captured beside it, copying its
+    results into buffers of its own, laid out as ``like``'s (see ``_twin``).
 
     Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
     for an effect or output a replay could not reproduce (the graph is released then).
@@ -133,7 +137,12 @@ def record(
     versions, snapshot = inputs.versions(), inputs.snapshot()
     args, kwargs = materialized.tree
 
-    handle, out = runner.capture(lambda: module(*args, **kwargs), owner, alone=lend or alone)
+    body = lambda: module(*args, **kwargs)  # noqa: E731
+    twin = CopyOut(like, materialized) if like is not None else None
+    if twin is None:
+        handle, out = runner.capture(body, owner, alone=lend or alone)
+    else:
+        handle, out = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
     try:
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
         changed = python.changes()
@@ -156,7 +165,8 @@ def record(
         layer = capture_layer(owner=owner, runner=runner, watch=before, inputs=inputs, tracked=tracked, marks=marks,
                               sources=builder.sources, requires_grad=builder.graph_requires_grad, texts=texts,
                               clone=clone, lend=lend)
-        plan = Plan(builder.graph, builder.graph_requires_grad if layer is None else [], lend=lend)
+        graph = builder.graph if twin is None else twin.outputs(builder.graph)
+        plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend)
     except BaseException:
         runner.release(handle)
         raise

@@ -32,6 +32,9 @@ class GraphStats:
             that the sets alternate instead of copying (at most two per call).
         copy_recaptures: graphs captured once more to return copies (``outputs="safe"``):
             the caller held results of all three output sets of a call at once.
+        twin_bytes: device memory the twin captures added: their output buffers (allocated
+            outside any graph pool) and what their captures added to the pool (usually
+            nothing: a twin reuses the memory of the first capture's temporaries).
         graph_bytes: for each graph held (most recently used first), the device memory
             its capture added to the pool (0 where a shared pool already had room).
 
@@ -60,6 +63,7 @@ class GraphStats:
     capture_seconds: float = 0.0
     twin_captures: int = 0
     copy_recaptures: int = 0
+    twin_bytes: int = 0
     graph_bytes: tuple[int, ...] = ()
 
     def copy(self) -> "GraphStats":

@@ -374,3 +374,211 @@ def test_a_function_that_rebinds_what_it_reads_keeps_one_graph(graph_backend):
         torch.testing.assert_close(out, eager(x))
         torch.testing.assert_close(state["scale"], eager_state["scale"])
     assert g.stats.twin_captures == 1 and g._entries[0].others == [] and g.stats.copy_recaptures == 1
+
+
+# -- twins: captured beside the first graph, their results copied into buffers of their own --
+
+
+def _outputs_of_every_kind(x, scale):
+    big = x.unsqueeze(0) * torch.arange(1.0, 65.0, device=x.device).unsqueeze(1)  # a temporary
+    y = big.sum(0)
+    m = big[:4].t()  # a non-contiguous view of a temporary
+    return {
+        "y": y, "tail": y[1:], "every_other": y[::2], "m": m, "row": big[2],
+        "expanded": y.sum().expand(3), "empty": y[:0], "nothing": x.new_empty(0),
+        "input": x, "input_view": x[1:], "scale": scale,
+        "list": [y * 2, (y * 3).reshape(2, -1).t()],
+        "td": TensorDict(a=y + 1, b=m, batch_size=[]),
+    }
+
+
+def _same_layout(ours, eager):
+    assert (ours.shape, ours.stride(), ours.dtype) == (eager.shape, eager.stride(), eager.dtype)
+
+
+def _check_every_kind(r, x, scale):
+    e = _outputs_of_every_kind(x, scale)
+    for key in ("y", "tail", "every_other", "m", "row", "expanded", "empty", "nothing", "input_view"):
+        torch.testing.assert_close(r[key], e[key])
+        _same_layout(r[key], e[key])
+    for ours, eager in zip(r["list"], e["list"]):
+        torch.testing.assert_close(ours, eager)
+        _same_layout(ours, eager)
+    torch.testing.assert_close(r["td"]["a"], e["td"]["a"])
+    torch.testing.assert_close(r["td"]["b"], e["td"]["b"])
+    assert r["input"] is x and r["scale"] is scale
+    assert r["input_view"].data_ptr() == x.data_ptr() + x.element_size()
+    # views of one result stay views of it, where eagerly
+    y = r["y"]
+    assert r["tail"].data_ptr() == y.data_ptr() + y.element_size()
+    assert r["every_other"].data_ptr() == y.data_ptr()
+    assert r["td"]["b"].data_ptr() == r["m"].data_ptr()
+    assert r["row"].data_ptr() == r["m"].data_ptr() + 2 * r["m"].stride(1) * r["m"].element_size()
+
+
+def test_a_twin_is_captured_beside_the_first_graph_and_costs_its_outputs():
+    """A twin used to be a whole capture in a pool of its own (each one the memory of the
+    first capture); now it shares the first graph's pool and copies its results into
+    buffers of its own: it costs those buffers, which ``stats.twin_bytes`` counts."""
+    g = _captured(f, torch.zeros(4))
+    a = g(torch.ones(4))
+    b = g(torch.full((4,), 2.0))  # `a` held: a twin
+    assert g.stats.twin_captures == 1
+    assert g.stats.twin_bytes == 4 * 4  # its output buffer, nothing else (no pool on the CPU)
+    twin = _entry(g).others[0]
+    assert twin.handle.alone is False  # captured where the shared pool's graphs are
+    assert b.data_ptr() == twin.plan.graph[0].data_ptr() != a.data_ptr()
+    torch.testing.assert_close(a, f(torch.ones(4)))
+    torch.testing.assert_close(b, f(torch.full((4,), 2.0)))
+
+
+def test_a_twin_lays_out_its_buffers_as_the_first_graphs_results(graph_backend):
+    """Views of one result, strided and expanded results, results without elements: the
+    twins' buffers keep the first graph's layout (one buffer per group of results sharing
+    memory, with the same strides and offsets); inputs, their views and tensors read from
+    outside are not copied (they are the caller's own)."""
+    scale = torch.full((8,), 0.5)
+    g = _captured(_outputs_of_every_kind, torch.zeros(8), scale, backend=graph_backend)
+    x0 = torch.arange(8.0)
+    first = g(x0, scale)
+    x1 = torch.arange(8.0) * -1
+    second = g(x1, scale)  # `first` held: the twin
+    x2 = torch.arange(8.0) + 10
+    third = g(x2, scale)  # both held: another twin
+    assert g.stats.twin_captures == 2 and g.stats.copy_recaptures == 0
+    for r, x in ((first, x0), (second, x1), (third, x2)):
+        _check_every_kind(r, x, scale)
+    # each twin's buffers: the result groups of the first graph, counted once each
+    # y (and its views), big's rows 0-3 (m, row, td's b), expanded, the list's two, td's a
+    per_twin = 4 * (8 + 8 * 4 + 1 + 8 + 8 + 8)
+    if graph_backend == "simulate":
+        assert g.stats.twin_bytes == 2 * per_twin
+
+
+def test_results_held_across_many_calls_are_never_overwritten(graph_backend):
+    """Results held every way programs hold them (the result, a view of it, a list or dict
+    it is in, a TensorDict), dropped in an irregular pattern over many calls, next to a
+    loop variable: each one keeps the eager function's value."""
+    scale = torch.full((8,), 0.5)
+    g = _captured(_outputs_of_every_kind, torch.zeros(8), scale, backend=graph_backend)
+    kept = []
+    r = None
+    for i in range(60):
+        x = torch.full((8,), float(i)) + torch.arange(8.0)
+        r = g(x, scale)  # the loop variable holds the last result during the call
+        kind = i % 7
+        if kind == 1:
+            kept.append(("whole", x, r))
+        elif kind == 2:
+            kept.append(("view", x, r["tail"]))
+        elif kind == 3:
+            kept.append(("list", x, r["list"]))
+        elif kind == 4:
+            kept.append(("td", x, TensorDict(y=r["y"], m=r["m"], batch_size=[])))
+        if i % 11 == 10:  # drop some, keep the rest
+            kept = kept[::2]
+    for kind, x, held in kept:
+        e = _outputs_of_every_kind(x, scale)
+        if kind == "whole":
+            _check_every_kind(held, x, scale)
+        elif kind == "view":
+            torch.testing.assert_close(held, e["tail"])
+        elif kind == "list":
+            for ours, eager in zip(held, e["list"]):
+                torch.testing.assert_close(ours, eager)
+        else:
+            torch.testing.assert_close(held["y"], e["y"])
+            torch.testing.assert_close(held["m"], e["m"])
+    assert g.stats.twin_captures == 2 and g.stats.copy_recaptures == 1
+
+
+def test_wrappers_sharing_a_pool_keep_each_others_held_results(graph_backend):
+    """A second wrapper's lending graph is captured in a pool of its own (the shared one
+    holds the first's graph), and its twins beside it; the first's twins in the shared pool."""
+    a = CudaGraphModule(_with_temporaries, warmup=1, backend=graph_backend, outputs="safe")
+    b = CudaGraphModule(lambda x: _with_temporaries(x) * 5, warmup=1, backend=graph_backend, outputs="safe",
+                        pool=a.pool)
+    kept = []
+    for i in range(16):
+        x = torch.full((3,), float(i))
+        kept.append((x, a(x), b(x)))
+        if i % 5 == 4:
+            kept = kept[-2:]
+    for x, ra, rb in kept:
+        torch.testing.assert_close(ra, _with_temporaries(x))
+        torch.testing.assert_close(rb, _with_temporaries(x) * 5)
+
+
+def _heavy(x):
+    """128 MiB and more of temporaries for 4 KiB of results."""
+    t = x.expand(16384, x.shape[0]) * 2.0
+    u = torch.sin(t) + t
+    return u.sum(0)
+
+
+def _twin_cost(g, x):
+    """(memory the capture added, memory the twin added, both as memory_reserved grew)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    a = g(x)  # the capture (or the first call of this signature's graph)
+    torch.cuda.synchronize()
+    captured = torch.cuda.memory_reserved()
+    b = g(x * 2)  # `a` held: the twin
+    torch.cuda.synchronize()
+    twin = torch.cuda.memory_reserved() - captured
+    torch.testing.assert_close(a, _heavy(x))
+    torch.testing.assert_close(b, _heavy(x * 2))
+    return captured - before, twin
+
+
+SLACK = 4 << 20  # a new segment of the caching allocator for small blocks is 2 MiB
+
+
+@pytest.mark.cuda
+def test_a_twin_adds_about_its_outputs_to_the_memory_held(cuda):
+    g = CudaGraphModule(_heavy, warmup=1, outputs="safe")
+    x = torch.randn(1024, device=cuda)
+    g(x)  # warmup
+    first, twin = _twin_cost(g, x)
+    out_bytes = 1024 * 4
+    assert g.stats.twin_captures == 1
+    assert first >= 128 << 20, first
+    assert twin <= 2 * out_bytes + SLACK, (first, twin)  # was: the first capture's cost again
+    assert g.stats.twin_bytes <= 2 * out_bytes + SLACK, g.stats
+    assert g.stats.graph_bytes[0] >= 128 << 20
+
+
+@pytest.mark.cuda
+def test_a_twin_of_a_graph_in_a_pool_of_its_own_shares_that_pool(cuda):
+    """A second signature's lending graph is captured in a pool of its own (the wrapper's
+    pool holds the first's graph): its twin goes in that pool, reusing its temporaries."""
+    g = CudaGraphModule(_heavy, warmup=1, outputs="safe", max_graphs=2)
+    small = torch.randn(256, device=cuda)
+    g(small)
+    g(small)  # the first graph, in the wrapper's pool
+    x = torch.randn(1024, device=cuda)
+    g(x)  # warmup of the second signature
+    first, twin = _twin_cost(g, x)
+    assert g.stats.twin_captures == 1 and g.stats.graphs == 2
+    assert first >= 128 << 20, first
+    assert twin <= 2 * 1024 * 4 + SLACK, (first, twin)
+
+
+@pytest.mark.cuda
+def test_twins_and_the_copying_capture_reuse_the_first_captures_memory(cuda):
+    """Two twins and the graph returning copies, all captured in the wrapper's pool, which
+    already has what their temporaries need: neither the pool nor the memory held grows by
+    a capture per graph (before: a pool of its own per twin, each the first capture's size)."""
+    g = CudaGraphModule(_heavy, warmup=1, outputs="safe")
+    x = torch.randn(1024, device=cuda)
+    g(x)
+    g(x)
+    torch.cuda.synchronize()
+    pool, reserved = g.stats.pool_bytes, torch.cuda.memory_reserved()
+    kept = [g(x * i) for i in range(6)]  # lent by three sets, then copies
+    torch.cuda.synchronize()
+    assert g.stats.twin_captures == 2 and g.stats.copy_recaptures == 1
+    assert g.stats.pool_bytes <= pool + SLACK, (pool, g.stats.pool_bytes)
+    assert torch.cuda.memory_reserved() <= reserved + 2 * SLACK, (reserved, torch.cuda.memory_reserved())
+    for i, out in enumerate(kept):
+        torch.testing.assert_close(out, _heavy(x * i))
