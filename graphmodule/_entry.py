@@ -16,7 +16,7 @@ from tensordict import TensorDictBase
 from ._effects import Effects
 from ._errors import Mismatch
 from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, nested_paths, resolve, span_bytes
-from ._outputs import GRAPH, REF, Plan, build, collect, dense, ref_recipes
+from ._outputs import GRAPH, REF, Plan, build, collect_call, dense, ref_recipes
 from ._spec import InputSpec
 from ._stale import Watch
 from ._tree import _is_node
@@ -214,17 +214,7 @@ class Entry:
         def refresh() -> None:
             out, targets = rerun([op[1] for op in self.effects.ops])
             found: dict[int, torch.Tensor] = {}
-            collect(self.out_recipe, out, found)
-            for op, target in zip(self.effects.ops, targets):
-                if op[0] == "td":
-                    for name, recipe in op[2]:
-                        collect(recipe, target.get(name), found)
-                elif op[0] == "dict":
-                    for key, recipe in zip(op[2], op[3]):
-                        collect(recipe, target[key], found)
-                else:
-                    for value, recipe in zip(target, op[2]):
-                        collect(recipe, value, found)
+            collect_call(self.out_recipe, self.effects.ops, out, targets, found)
             if self.layer is not None:  # the simulated backward differentiates this run
                 self.layer.ran(found)
             # A real replay runs no Python; this re-run did, and may have rebound what the
