@@ -214,12 +214,13 @@ def variant(name: str, case: Case) -> Callable[[], Any] | None:
         return call
     from graphmodule import CudaGraphModule
 
-    outputs = {"graphmodule": "clone", "graphmodule_safe": "safe", "graphmodule_static": "static"}[name]
+    # graphmodule: the default outputs ("safe": lent, never overwritten while held)
+    outputs = {"graphmodule": "safe", "graphmodule_clone": "clone", "graphmodule_static": "static"}[name]
     g = CudaGraphModule(case.fn, warmup=case.warmup, outputs=outputs)
     return lambda: g(*args, **kwargs)
 
 
-VARIANTS = ("eager", "floor", "floor_clone", "tensordict", "compile", "graphmodule", "graphmodule_safe",
+VARIANTS = ("eager", "floor", "floor_clone", "tensordict", "compile", "graphmodule", "graphmodule_clone",
             "graphmodule_static")
 
 

@@ -85,12 +85,12 @@ class CudaGraphModule(WrapperSurface):
         device: the CUDA device of the graph; defaults to the current device.
 
     Keyword-only options:
-        outputs: ``"clone"`` (default): results are fresh tensors that later calls
-            never overwrite (one copy per call). ``"safe"``: the same promise without
-            the copy where it can: results are the graph's own buffers lent out, and a
-            graph whose results you hold is not replayed: up to three captures of a
-            call alternate, then one returning copies takes over (not for raw
-            pointers, other streams, or graphs you capture over the results).
+        outputs: ``"safe"`` (default): results that later calls never overwrite,
+            without a copy where it can: results are the graph's own buffers lent out,
+            and a graph whose results you hold is not replayed: up to three captures of
+            a call alternate, then one returning copies takes over (what it cannot see,
+            a raw pointer kept past its tensor, is undefined in plain torch too).
+            ``"clone"``: the same promise, one copy of every result per call.
             ``"static"``: zero-copy, results are the graph's own buffers, overwritten
             by the next call; copy what you keep.
         capture_error_mode: passed to CUDA graph capture. ``"thread_local"``
@@ -143,7 +143,7 @@ class CudaGraphModule(WrapperSurface):
         out_keys: Any = None,
         device: torch.device | str | int | None = None,
         *,
-        outputs: str = "clone",
+        outputs: str = "safe",
         capture_error_mode: str = "thread_local",
         on_capture_failure: str = "raise",
         on_stale: str = "raise",

@@ -45,7 +45,7 @@ class Options:
     from these defaults.
     """
 
-    outputs: str = "clone"
+    outputs: str = "safe"
     capture_error_mode: str = "thread_local"
     on_capture_failure: str = "raise"
     on_stale: str = "raise"

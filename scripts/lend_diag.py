@@ -1,7 +1,7 @@
 """What outputs="safe" does per call in the benchmark's loop: first graph, twin, or a capture anew.
 
 Usage: python scripts/lend_diag.py [WORKLOAD ...] [--backend cuda|simulate] [--rounds N]
-Runs each workload's graphmodule_safe variant the way benchmarks/test_benchmarks.py does
+Runs each workload's graphmodule variant (the default outputs, "safe") the way benchmarks/test_benchmarks.py does
 (rounds of 200 calls, ``out = call()``, the previous round's result held while the next
 round runs) and prints, per round, the time per call and how many calls replayed the first
 graph, its twin, or asked the wrapper for fresh buffers (renew: a twin or a graph returning

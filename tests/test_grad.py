@@ -515,10 +515,23 @@ class TestRefused:
         self._usable(g, block)
 
     def test_backward_after_a_later_call(self, make, graph_backend):
-        block, g = self._layer(make, backend=graph_backend)
+        block, g = self._layer(make, outputs="clone", backend=graph_backend)
         first = g(_x())
         second = g(_x())
         self._refused(g, block, lambda: (first.sum() + second.sum()).backward(), _OVERWRITTEN)
+
+    def test_two_calls_then_one_backward_with_lent_outputs(self, make, graph_backend):
+        # outputs="safe" (the default): the first call's results are held, so the second call
+        # replays a twin, with activations of its own: one backward through both is eager's
+        block, g = self._layer(make, backend=graph_backend)
+        oracle = copy.deepcopy(block)
+        xs = [_x(), _x()]
+        block.zero_grad()
+        first, second = g(xs[0]), g(xs[1])
+        (first.sum() + second.sum()).backward()
+        (oracle(xs[0]).sum() + oracle(xs[1]).sum()).backward()
+        for p, e in zip(block.parameters(), oracle.parameters()):
+            _close(e.grad, p.grad)
 
     def test_backward_after_reset(self, make, graph_backend):
         block, g = self._layer(make, backend=graph_backend)
@@ -539,7 +552,7 @@ class TestRefused:
         self._usable(g, block)
 
     def test_cloned_output_may_be_written_before_backward(self, make, graph_backend):
-        block, g = self._layer(make, backend=graph_backend)
+        block, g = self._layer(make, outputs="clone", backend=graph_backend)
         x = _x()
         block.zero_grad()
         y = g(x)

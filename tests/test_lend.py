@@ -199,7 +199,8 @@ def test_a_tensordict_module_keeps_every_step_of_a_rollout(graph_backend):
 
 def test_the_repr_of_a_default_wrapper_does_not_mention_outputs():
     assert "outputs" not in repr(CudaGraphModule(f, backend="eager"))
-    assert "outputs='safe'" in repr(CudaGraphModule(f, backend="eager", outputs="safe"))
+    assert "outputs" not in repr(CudaGraphModule(f, backend="eager", outputs="safe"))  # the default
+    assert "outputs='clone'" in repr(CudaGraphModule(f, backend="eager", outputs="clone"))
 
 
 def test_results_outlive_a_deleted_wrapper(graph_backend):
