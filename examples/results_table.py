@@ -3,12 +3,15 @@
     python examples/results_table.py DIR              # print the markdown table
     python examples/results_table.py DIR --plot       # and write DIR/<script>.png
     python examples/results_table.py DIR --plot-only  # only the plots
+    python examples/results_table.py DIR --goals      # the table, then #9's one-env goals
 
 Reads every ``*_summary.json`` below ``DIR`` (what ``train_ppo.py`` and ``train_sac.py``
 write with ``--out``; ``scripts/gpu_examples.sh`` puts each configuration in its own folder)
-and prints one markdown table: script, envs, mode, env steps/s, seconds and env steps until
-the return first reached the threshold, and the final return (the mean of the latest 10 or
-more finished episodes, as for the threshold). A summary with an ``"error"``
+and prints one markdown table: script, envs, mode, env steps/s over the whole run and steady
+(after warmup, capture and compilation), the GPU floor where measured (SAC on CUDA: env steps/s
+if the GPU ran nothing but one update per env step, and the steady speed's share of it), seconds
+and env steps until the return first reached the threshold, and the final return (the mean of
+the latest 10 or more finished episodes, as for the threshold). A summary with an ``"error"``
 (a run that failed or was skipped, written by ``scripts/gpu_examples.sh``) shows as such.
 With ``--plot`` (or ``--plot-only``), ``DIR/<script>.png`` draws return against wall-clock seconds for each mode,
 one panel per number of envs, from the CSV beside each summary.
@@ -24,7 +27,7 @@ import os
 
 MODES = ("eager", "graph", "compile", "compile+graph")  # as examples/training.py; no torch import here
 
-__all__ = ["load", "markdown_table", "plot"]
+__all__ = ["goals", "load", "markdown_table", "plot"]
 
 
 def load(root: str) -> list[dict]:
@@ -58,21 +61,72 @@ def markdown_table(results: list[dict]) -> str:
     lines = []
     if facts:  # threshold -200; random policy -1 263; device cuda (...); torch 2.11.0
         lines += ["; ".join(facts) + " (the threshold: the mean return of the latest 10+ finished episodes)", ""]
-    lines += ["| script | envs | mode | env steps/s | s to threshold | env steps to threshold | final return (10+ episodes) "
-              "| note |",
-             "|---|---:|---|---:|---:|---:|---:|---|"]
+    lines += ["| script | envs | mode | env steps/s | steady env steps/s | GPU floor env steps/s (steady / floor) "
+              "| s to threshold | env steps to threshold | final return (10+ episodes) | note |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         if "error" in r:
-            cells = ["—"] * 4 + [r["error"]]
+            cells = ["—"] * 6 + [r["error"]]
         else:
             reached = r["threshold_seconds"] is not None
-            cells = [_number(r["steps_per_s"]),
+            steady, floor = r.get("steady_steps_per_s"), r.get("floor")
+            notes = [f"stopped at {_number(r['seconds'])} s"] if r.get("time_limited") else []
+            if floor:
+                ratio = floor.get("steady_vs_floor")
+                floor_cell = _number(floor["floor_steps_per_s"]) + (f" ({ratio:.2f}x)" if ratio is not None else "")
+                notes.append(f"update {floor['update_gpu_us']:.0f} µs GPU; step graph {floor['step_graph_gpu_us']:.0f} µs "
+                             f"({_number(floor['step_graph_steps_per_s'])} steps/s)")
+            else:
+                floor_cell = "—"
+            cells = [_number(r["steps_per_s"]), _number(steady), floor_cell,
                      _number(r["threshold_seconds"], 1) if reached else "not reached",
                      _number(r["threshold_env_steps"]) if reached else "—",
                      _number(r.get("recent_return", r["final_return"])),
-                     f"stopped at {_number(r['seconds'])} s" if r.get("time_limited") else ""]
+                     "; ".join(notes)]
         lines.append("| " + " | ".join([r["script"], str(r["envs"]), r["mode"], *cells]) + " |")
     return "\n".join(lines)
+
+
+# the published single-file scripts (tensordict's wrapper, gymnasium's Pendulum, one CPU env) on
+# an H200, in env steps/s (issue #9)
+PUBLISHED = {"train_ppo": 1_800, "train_sac": 520}
+PPO_GOAL, SAC_GOAL = 3.0, 0.9  # PPO: >= 3x the published script; SAC: within 10% of its update's GPU time
+
+
+def goals(results: list[dict]) -> list[str]:
+    """The two one-env goals of #9, from the ``graph`` runs with one env: PPO's steady env
+    steps/s against ``PPO_GOAL`` times the published script's, and SAC's steady env steps/s
+    against its GPU floor (one update per env step, ``"floor"`` in its summary)."""
+    lines = []
+    runs = {r["script"]: r for r in results if r.get("envs") == 1 and r.get("mode") == "graph"}
+    ppo = runs.get("train_ppo")
+    if ppo is None or "error" in ppo or ppo.get("steady_steps_per_s") is None:
+        why = "no run" if ppo is None else ppo.get("error", "no steady speed")
+        lines.append(f"PPO, 1 env, graph: not measured ({why})")
+    else:
+        steady, target = ppo["steady_steps_per_s"], PPO_GOAL * PUBLISHED["train_ppo"]
+        lines.append(
+            f"PPO, 1 env, graph: steady {_number(steady)} env steps/s (whole run, warmup and capture included: "
+            f"{_number(ppo['steps_per_s'])}) = {steady / PUBLISHED['train_ppo']:.2f}x the published script's "
+            f"~{_number(PUBLISHED['train_ppo'])}; goal >= {PPO_GOAL:g}x ({_number(target)}): "
+            f"{'met' if steady >= target else 'NOT met'}")
+    sac = runs.get("train_sac")
+    floor = sac.get("floor") if sac else None
+    if sac is None or "error" in sac or not floor or sac.get("steady_steps_per_s") is None:
+        why = ("no run" if sac is None else sac.get("error") if "error" in sac
+               else "no floor: measured on CUDA only" if not floor else "no steady speed")
+        lines.append(f"SAC, 1 env, graph: not measured ({why})")
+    else:
+        steady, ratio = sac["steady_steps_per_s"], sac["steady_steps_per_s"] / floor["floor_steps_per_s"]
+        one_stream = floor.get("step_graph_one_stream_gpu_us")
+        lines.append(
+            f"SAC, 1 env, graph: steady {_number(steady)} env steps/s; floor {_number(floor['floor_steps_per_s'])} "
+            f"(one update per env step: {floor['update_gpu_us']:.1f} µs of GPU time); steady / floor = {ratio:.2f}; "
+            f"goal >= {SAC_GOAL:g} (within 10%): {'met' if ratio >= SAC_GOAL else 'NOT met'}. "
+            f"The step graph alone: {floor['step_graph_gpu_us']:.1f} µs per env step "
+            f"({_number(floor['step_graph_steps_per_s'])} env steps/s"
+            + (f"; on one stream {one_stream:.1f} µs" if one_stream is not None else "") + ")")
+    return lines
 
 
 def _curve(result: dict) -> list[tuple[float, float]]:
@@ -123,12 +177,16 @@ def main(argv=None) -> None:
     parser.add_argument("dir", help="the folder holding the runs' *_summary.json (searched recursively)")
     parser.add_argument("--plot", action="store_true", help="also write DIR/<script>.png (needs matplotlib)")
     parser.add_argument("--plot-only", action="store_true", help="write DIR/<script>.png, print no table")
+    parser.add_argument("--goals", action="store_true", help="after the table, the two one-env goals of #9")
     args = parser.parse_args(argv)
     results = load(args.dir)
     if not results:
         raise SystemExit(f"no *_summary.json below {args.dir}")
     if not args.plot_only:
         print(markdown_table(results))
+        if args.goals:
+            print()
+            print("\n".join(f"- {line}" for line in goals(results)))
     if args.plot or args.plot_only:
         for path in plot(results, args.dir):
             print(f"wrote {path}")

@@ -7,39 +7,47 @@
 ``--mode``:
 
 - ``eager``: plain PyTorch.
-- ``graph``: ``graphmodule.CudaGraphModule`` around two functions. ``rollout`` is a whole
-  iteration's collection as one CUDA graph, called once per iteration: ``--rollout`` steps of
-  policy (sampling included), env step and auto-reset, the transitions stacked into the
-  rollout's storage, GAE over it, and the finished episodes' returns counted on the device.
-  ``update`` is one PPO minibatch update (loss, ``backward()``, gradient clipping and
-  ``Adam.step()``, Adam with ``capturable=True``), one graph replayed for every minibatch.
-  Outside the graphs: the learning-rate annealing (a tensor filled in place), the minibatch
-  permutation and indexing, and the progress report.
+- ``graph``: ``graphmodule.CudaGraphModule`` around one function, ``iteration``: a whole PPO
+  iteration as one CUDA graph, replayed once per iteration with no host synchronisation. It
+  holds the learning rate's annealing step (a device tensor computed from a device counter),
+  the rollout (``--rollout`` steps of policy, env step and auto-reset), the rollout's storage,
+  GAE, the finished episodes' returns counted on the device, and then ``--epochs`` passes over
+  the rollout in shuffled minibatches, each one update (loss, ``backward()``, gradient
+  clipping, ``Adam.step()``; Adam with ``capturable=True``, fused). The shuffles are drawn on
+  the device (``argsort`` of ``torch.rand``) and the minibatches gathered with
+  ``index_select``, inside the graph. Outside it: the loop and the progress report.
 - ``compile``: ``torch.compile`` on one env step (policy and env) and on the update. Not on
   GAE: dynamo would unroll its loop over the rollout, which takes minutes to compile for long
   rollouts.
-- ``compile+graph``: the same compiled functions inside the graphs (compiled during the
-  warmup calls; the rollout graph replays ``--rollout`` compiled steps and GAE).
+- ``compile+graph``: the same compiled functions inside the iteration graph (compiled during
+  the warmup calls).
 
-``eager`` runs the very functions the graph modes wrap. Without CUDA the graph modes still
-run: graphmodule warns once and calls the functions eagerly (with its input checks), so they
+``eager`` runs the very function the graph modes wrap. Without CUDA the graph modes still
+run: graphmodule warns once and calls the function eagerly (with its input checks), so they
 train exactly like ``eager``; ``--graph-backend simulate`` runs graphmodule's capture and replay
 machinery on the CPU instead, with the same result.
 
-A rollout can be one graph because everything it touches stays on the device and in place:
+An iteration can be one graph because everything it touches stays on the device and in place:
 ``examples.envs.Pendulum`` is tensor operations only (no host synchronisation; its state is
-updated in place and its reset states come from torch's default generator, which a graph
-replays afresh), actions are sampled as ``loc + scale * torch.randn_like(loc)`` (fresh noise at
-every replay; ``torch.distributions`` would check ``scale`` on the host), and the episode
-counters are device tensors added to in place. The host reads the device only to report
-progress (once per ``--log-every`` iterations).
+updated in place and its reset states come from torch's default generator), the rollout's
+noise is ``torch.randn`` (actions are ``loc + scale * noise`` squashed by tanh;
+``torch.distributions`` would check ``scale`` on the host), the episode counters, the learning
+rate and its counter are device tensors written in place, and Adam's step counts live on the
+device (``capturable=True``). Every random number (noise, resets, shuffles) comes from torch's
+default generator, which a CUDA graph registers by itself and advances at every replay: each
+replay draws fresh numbers. The host reads the device only to report progress (once per
+``--log-every`` iterations). At one env a graphed step costs a few microseconds per kernel,
+whatever the work, so the rollout step is written in few kernels (the noise drawn for the
+whole rollout at once, the scale computed once, ``addcmul``; see also ``Pendulum.step``).
 
 A rollout lasts one whole episode (200 steps) by default: the envs start together and
 Pendulum truncates them all at step 200, so a shorter rollout of many envs trains on one phase
 of the episode at a time (all swing-up, then all balancing) and forgets the other; in runs on
 CPU, 256 envs with 16-step rollouts hovered between -200 and -600 for a million steps, and with
 200-step rollouts climbed steadily past -200. With one env, a rollout of 1024 steps spans five
-episodes.
+episodes; ``--envs 1 --rollout 1024 --minibatch 64`` (``scripts/gpu_examples.sh``) runs 160
+updates per 1024 env steps, the ratio of CleanRL's ``ppo_continuous_action`` (2048 steps, 32
+minibatches, 10 epochs).
 
 Output: a progress bar (tqdm if installed, else a printed line now and then) with env steps/s
 and the mean return of the latest finished episodes. With ``--out DIR``:
@@ -51,16 +59,20 @@ line: steps/s, the final return, the return of a uniformly random policy on the 
 environment (about -1260), and when the return first reached ``--threshold`` (default -200:
 the mean of the latest 10 or more finished episodes), in seconds and env steps.
 Wall-clock time counts everything from the first rollout on: warmup, graph capture and
-compilation included. ``--max-seconds S`` ends the run early (at the first report after S).
+compilation included; ``steady_steps_per_s`` counts from the report after the third
+iteration (warmup, capture and compilation done) to the last report. ``--max-seconds S`` ends
+the run early (at the first report after S).
 
-Observed on CPU (2 cores, torch 2.13 CPU build, ``--mode eager``, default settings: 64 envs,
-200-step rollouts, 10 epochs of 512-sample minibatches, lr 1e-3 annealed, 40 iterations =
-512 000 env steps, seed 0): 48 s in all, about 10 600 env steps/s. The mean return of the
-finished training episodes rose from -1 160 (first episodes; random policy: -1 263) through
--746 at 102 400 steps to -176 at 166 400 (15 s: the threshold), stayed between -155 and -226
-after that, and ended at -183; the final policy's mean action scored -163.
-GPU numbers: see benchmarks/RESULTS.md (``scripts/gpu_examples.sh`` runs every mode with one env
-and with many).
+Observed on CPU (2 cores shared with other work, torch 2.13 CPU build, ``--mode eager``, default
+settings: 64 envs, 200-step rollouts, 10 epochs of 512-sample minibatches, lr 1e-3 annealed,
+40 iterations = 512 000 env steps, seed 0): 253 s in all, about 2 000 env steps/s (an idle CPU
+ran an earlier version of this script in 48 s). The mean return of the finished training
+episodes rose from -1 161 (first episodes; random policy: -1 263) through -667 at 102 400 steps
+to -171 at 166 400 (the threshold), stayed between -153 and -205 after that, and ended at -159;
+the final policy's mean action scored -160.
+A run with ``--envs 1 --rollout 1024 --minibatch 64`` (eagerly, on the same CPU) reached the
+threshold at 27 648 env steps. GPU numbers: see benchmarks/RESULTS.md
+(``scripts/gpu_examples.sh`` runs every mode with one env and with many).
 """
 from __future__ import annotations
 
@@ -118,16 +130,15 @@ class Agent(nn.Module):
         self.log_std = nn.Parameter(torch.full((Pendulum.act_dim,), -0.5, device=device))
         self.critic = mlp(Pendulum.obs_dim, hidden, 1, device)
 
-    def act(self, obs: torch.Tensor):
-        """Sample an action: ``(action, raw, noise)``, ``raw = loc + scale * noise`` before the
-        tanh. ``randn_like`` rather than a distribution's ``sample()``: ``torch.normal`` checks
-        ``scale >= 0`` on the host, which a CUDA graph cannot capture. The log-prob
-        (:meth:`noise_log_prob`) and the value are computed for the whole rollout at once,
-        after it: fewer kernels per step."""
-        loc = self.actor(obs)
-        noise = torch.randn_like(loc)
-        raw = loc + self.log_std.exp() * noise
-        return Pendulum.max_torque * raw.tanh(), raw, noise
+    def act(self, obs: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor):
+        """An action and its pre-tanh value: ``(action, raw)``, ``raw = loc + scale * noise``,
+        ``scale = log_std.exp()`` and ``noise`` standard normal, both given: a rollout draws
+        the noise of all its steps at once and computes the scale once (fewer kernels per
+        step). Not a distribution's ``sample()``: ``torch.normal`` checks ``scale >= 0`` on the
+        host, which a CUDA graph cannot capture. The log-prob (:meth:`noise_log_prob`) and the
+        value are computed for the whole rollout at once, after it."""
+        raw = torch.addcmul(self.actor(obs), scale, noise)
+        return raw.tanh().mul_(Pendulum.max_torque), raw
 
     def noise_log_prob(self, noise: torch.Tensor) -> torch.Tensor:
         """The log-prob of ``raw = loc + scale * noise`` (``gaussian_log_prob(raw, loc, log_std)``
@@ -149,11 +160,14 @@ class Agent(nn.Module):
 
 # -- training ---------------------------------------------------------------------------------
 
+UPDATE_KEYS = ("obs", "raw", "logprob", "advantages", "returns")  # what the minibatch updates read
+
+
 def train(args) -> None:
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
     # seed=None: the reset states come from torch's default generator (seeded above), the one
-    # generator a CUDA graph captures; the rollout graph replays the env's resets too
+    # generator a CUDA graph registers by itself; the iteration graph replays the env's resets too
     env = Pendulum(args.envs, device, seed=None)
     agent = Agent(args.hidden, device)
     # The rollout's copy of the agent: the same storage, detached (no autograd history)
@@ -166,18 +180,25 @@ def train(args) -> None:
         raise SystemExit(f"--envs x rollout ({frames}) must be a multiple of the minibatch ({args.minibatch}): "
                          "one shape, one graph")
     iterations = max(1, args.steps // frames)
-    # a tensor learning rate, annealed in place: a graph reads it at every replay
-    # (a Python float changed after the capture would be a StaleGraphError)
+    # The learning rate, annealed linearly to 0 over the run, is a device tensor that the
+    # iteration itself updates from a device counter: a graph reads and writes both at every
+    # replay (a Python float changed after the capture would be a StaleGraphError).
     lr = torch.tensor(LR, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
-    report = Report(args, iterations, frames, SCRIPT, ALGO)
+    iterations_done = torch.zeros((), device=device)
+    cuda, compiling = device.type == "cuda", args.mode in ("compile", "compile+graph")
+    # CUDA: capturable (its step count stays on the device) and, uncompiled, fused: one kernel
+    # for every parameter's update instead of a dozen multi-tensor kernels
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=cuda,
+                                 fused=True if cuda and not compiling else None)
+    # steady speed: from the report after the third iteration (warmup, capture, compilation done)
+    report = Report(args, iterations, frames, SCRIPT, ALGO, burn_in=3)
 
-    def env_step(obs):
+    def env_step(obs, scale, noise):
         """One step of every env under the current policy; the transition and the next observation."""
-        action, raw, noise = agent_inference.act(obs)
+        action, raw = agent_inference.act(obs, scale, noise)
         td, next_td = env.step_and_maybe_reset(TensorDict(observation=obs, action=action, batch_size=[args.envs]))
         transition = TensorDict(
-            obs=obs, raw=raw, noise=noise, next_obs=td["next", "observation"],
+            obs=obs, raw=raw, next_obs=td["next", "observation"],
             reward=td["next", "reward"].squeeze(-1), done=td["next", "done"].squeeze(-1),
             terminated=td["next", "terminated"].squeeze(-1), episode_reward=td["next", "episode_reward"].squeeze(-1),
             batch_size=[args.envs])
@@ -199,24 +220,29 @@ def train(args) -> None:
         container["returns"] = container["advantages"] + value
         return container
 
-    # GAE stays uncompiled: dynamo would unroll its loop over the rollout (4 operations a step,
-    # minutes of compilation for a 1024-step rollout); inside the rollout graph it costs no launches
+    # GAE stays uncompiled: dynamo would unroll its loop over the rollout (minutes of
+    # compilation for a 1024-step rollout); inside the iteration graph it costs no launches
     env_step = compiled(env_step, args.mode)
 
     @torch.no_grad()
-    def rollout():
-        """``--rollout`` steps of every env, their advantages, and the finished episodes counted:
-        one CUDA graph in the graph modes. It reads the env, the agent and the counters from
-        their own memory and updates them in place, so every replay continues where the last
-        one stopped; the Python ``for`` is unrolled into the graph."""
+    def collect():
+        """``--rollout`` steps of every env, their advantages, and the finished episodes
+        counted; returns the updates' inputs, flattened to [envs x rollout, ...]. It reads the
+        env, the agent and the counters from their own memory and updates them in place, so
+        every call continues where the last one stopped; the Python ``for`` is unrolled into
+        the graph. The rollout's noise is drawn at once, and the policy's scale computed once."""
         obs = env.observation()
+        noise = torch.randn(args.rollout, args.envs, Pendulum.act_dim, device=device)
+        scale = agent_inference.log_std.exp()
         transitions = []
-        for _ in range(args.rollout):
-            transition, obs = env_step(obs)
+        for t in range(args.rollout):
+            transition, obs = env_step(obs, scale, noise[t])
             transitions.append(transition)
-        container = gae(torch.stack(transitions))  # [rollout, envs]
+        container = torch.stack(transitions)  # [rollout, envs]
+        container["noise"] = noise
+        gae(container)
         report.add_episodes(container["done"], container["episode_reward"])
-        return container.select("obs", "raw", "logprob", "advantages", "returns")  # what the updates read
+        return [container[key].reshape(frames, *container[key].shape[2:]) for key in UPDATE_KEYS]
 
     def update(obs, raw, logprob, advantages, returns):
         optimizer.zero_grad()
@@ -226,19 +252,30 @@ def train(args) -> None:
         optimizer.step()
         return policy_loss.detach(), value_loss.detach(), approx_kl
 
-    backend = dict(backend=args.graph_backend)
-    rollout = graphed(rollout, args.mode, **backend)
-    update = wrap(update, args.mode, warmup=5, **backend)
+    update = compiled(update, args.mode)
+
+    def iteration():
+        """One whole PPO iteration: the learning rate's annealing step, the rollout and GAE
+        (``collect``), then ``--epochs`` passes over it in shuffled minibatches, each one
+        update. In the graph modes this function is one CUDA graph, replayed once per
+        iteration with no host synchronisation: the shuffles are drawn on the device
+        (``argsort`` of ``torch.rand``, from torch's default generator, which the graph
+        replays afresh) and the minibatches gathered with ``index_select``."""
+        torch.mul(iterations_done, -LR / iterations, out=lr).add_(LR)  # LR * (1 - done / iterations)
+        iterations_done.add_(1)
+        batch = collect()
+        for _ in range(args.epochs):
+            order = torch.rand(frames, device=device).argsort()
+            for index in order.split(args.minibatch):
+                update(*(x.index_select(0, index) for x in batch))
+
+    # compiled functions need a second warmup call (a recompilation once the optimizer has state)
+    iteration = graphed(iteration, args.mode, warmup=2 if compiling else 1, backend=args.graph_backend)
 
     env.reset()
-    for iteration in report:  # counts the env steps; reports progress every --log-every iterations
-        lr.fill_(LR * (1 - iteration / iterations))
-        flat = rollout().reshape(-1)
-        for _ in range(args.epochs):
-            for index in torch.randperm(frames, device=device).split(args.minibatch):
-                batch = flat[index]
-                update(batch["obs"], batch["raw"], batch["logprob"], batch["advantages"], batch["returns"])
-    report.finish(dict(rollout=rollout, update=update), agent_inference.mean_action)
+    for _ in report:  # counts the env steps; reports progress every --log-every iterations
+        iteration()
+    report.finish(dict(iteration=iteration), agent_inference.mean_action)
 
 
 def main(argv=None) -> None:

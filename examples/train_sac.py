@@ -7,16 +7,19 @@
 ``--mode``:
 
 - ``eager``: plain PyTorch.
-- ``graph``: ``graphmodule.CudaGraphModule`` around three functions, each one CUDA graph.
-  ``train_step``, one call per batched env step: the policy's action (sampling included), the
-  env step and auto-reset, the transitions written into the replay buffer at device-side
-  indices, the finished episodes counted, a batch sampled, and the critic update on it (twin Q
-  losses, ``backward()``, ``Adam.step()``, the target critics' soft update in place with
-  ``lerp_``). ``update_actor``, twice every second step on the same batch: the actor loss
-  through the critics' detached parameters, then the entropy temperature. ``explore_step``,
-  for the first ``--learning-starts`` steps: random actions, env step and buffer write. The
-  optimizers are Adam with ``capturable=True`` on CUDA. Outside the graphs: the loop and the
-  progress report.
+- ``graph``: ``graphmodule.CudaGraphModule`` around two functions, each one CUDA graph.
+  ``train_steps``, one call per ``POLICY_FREQUENCY`` (2) batched env steps, each: a batch
+  sampled from the replay buffer, then two branches: the critic update on it (twin Q losses,
+  ``backward()``, ``Adam.step()``, the target critics' soft update in place with ``lerp_``;
+  after the first step also the two delayed actor updates on the same batch, each the actor
+  loss through the critics' detached parameters, then the entropy temperature) and the env
+  step (the policy's action with its sampling, env step and auto-reset, the transitions
+  written into the buffer at device-side indices, the finished episodes counted). With
+  ``--overlap 1`` (the default) on CUDA the env step runs on a side stream, so the two are
+  parallel branches of the graph and the env step hides behind the updates. ``explore_steps``,
+  for the first ``--learning-starts`` steps: random actions, env steps and buffer writes. The
+  optimizers are Adam with ``capturable=True`` (and fused) on CUDA. Outside the graphs: the
+  loop and the progress report.
 - ``compile``: ``torch.compile`` on the collection (policy, env step, buffer write), the random
   collection and both updates.
 - ``compile+graph``: the same compiled functions inside the graphs (compiled during the
@@ -27,6 +30,14 @@ run: graphmodule warns once and calls the functions eagerly (with its input chec
 train exactly like ``eager``; ``--graph-backend simulate`` runs graphmodule's capture and replay
 machinery on the CPU instead, with the same result.
 
+The two branches share no tensor that the other writes, so they compute the same thing in
+any order: the batch is drawn before the env step writes the buffer (it never holds the step's
+own transition), and the env step acts with ``policy``, a copy of the actor with its own
+storage, refreshed (one ``_foreach_copy_``) once the actor updates and the env step are done.
+The order of the algorithm is CleanRL's (an env step, then the critic update; the actor
+updated twice every second step), except that a step's batch is drawn before its transition is
+stored.
+
 A step can be one graph because everything it touches stays on the device and in place:
 ``examples.envs.Pendulum`` is tensor operations only (its state is updated in place and its
 reset states come from torch's default generator, which a graph replays afresh); the replay
@@ -35,6 +46,15 @@ writes with ``index_copy_`` and samples with ``torch.randint`` modulo the size; 
 sampled as ``loc + scale * torch.randn_like(loc)`` then squashed by tanh (fresh noise at every
 replay); the episode counters are device tensors added to in place. The host reads the device
 only to report progress (every ``--log-every`` steps).
+
+The floor. With one update per env step, SAC cannot run faster than the GPU runs that update:
+after training, on CUDA in the eager and graph modes, the script times with CUDA events the
+GPU time of one env step's share of the updates (a sampled batch, a critic and an actor
+update: ``update_gpu_us``), and of the step graph that training replays, per env step
+(``step_graph_gpu_us``; with ``--overlap 1`` also on one stream), each on a fresh agent as a
+graph of ten repetitions replayed ``--floor-calls`` times. ``floor_steps_per_s`` = envs /
+``update_gpu_us``; the summary's ``"floor"`` holds them all and ``steady_vs_floor``, the steady
+env steps/s over the floor (the goal of #9: 0.9 or more at one env).
 
 Output: a progress bar (tqdm if installed, else a printed line now and then) with env steps/s
 and the mean return of the latest finished episodes. With ``--out DIR``:
@@ -46,25 +66,32 @@ line: steps/s, the final return, the return of a uniformly random policy on the 
 environment (about -1260), and when the return first reached ``--threshold`` (default -200:
 the mean of the latest 10 or more finished episodes), in seconds and env steps.
 Wall-clock time counts everything from the first step on: warmup, graph capture and
-compilation included. ``--max-seconds S`` ends the run early (at the first report after S).
+compilation included; ``steady_steps_per_s`` counts from the first report after the graphs
+are captured to the last report. ``--max-seconds S`` ends the run early (at the first report
+after S). A line ``floor: ...`` precedes the summary line where the floor was measured.
 
 Observed on CPU (2 cores, shared with other work, torch 2.13 CPU build, ``--mode eager``, default
 settings: 4 envs, 40 000 env steps = 10 000 batched steps, the first 250 of them with random
 actions, then 9 750 critic updates and 9 750 actor updates on batches of 256, hidden 128, seed
-0): 117 s in all, about 340 env steps/s. The mean return of the finished training episodes was
-about -1 200 during the random-action phase (random policy: -1 263), dipped to -1 641 at 4 000
-steps, then rose to -1 014 at 8 800 steps and -193 at 11 200; the threshold (-200 over the
-latest 10+ episodes) was reached at 14 400 steps (33 s). After that the reports (4 episodes
-each) ranged from -93 to -262 (the last one); the final policy's mean action scored -134.
+0): 700 s in all on a busy CPU, about 57 env steps/s (an earlier version ran in 117 s). The mean
+return of the finished training episodes was about -1 200 during the random-action phase
+(random policy: -1 263), dipped to -1 685 at 4 800 steps, then rose to -617 at 10 400 steps and
+-186 at 15 200; the threshold (-200 over the latest 10+ episodes) was reached at 16 000 steps.
+After that the reports (4 episodes each) ranged from -58 to -239, the last one -159; the final
+policy's mean action scored -133. With one env (``--envs 1 --steps 20000``) the threshold was
+reached at 5 600 env steps.
 GPU numbers: see benchmarks/RESULTS.md (``scripts/gpu_examples.sh`` runs every mode with one env
 and with many).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import math
 import os
 import sys
+from types import SimpleNamespace
 
 if __package__ in (None, ""):  # run as a file: make ``examples`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,13 +102,15 @@ from tensordict import TensorDict, from_module
 from torch import nn
 
 from examples.envs import Pendulum
-from examples.training import ReplayBuffer, Report, compiled, graphed, parse_flags, run_training
+from examples.training import ReplayBuffer, Report, compiled, gpu_seconds_per_call, graphed, parse_flags, run_training
+from graphmodule import CudaGraphModule
 
 SCRIPT, ALGO = "train_sac", "SAC"
 
 # --envs, --steps and the rest; --smoke swaps in tiny sizes (explicit flags still win)
-DEFAULTS = dict(envs=4, steps=40_000, batch_size=256, hidden=128, learning_starts=250, log_every=100)
-SMOKE = dict(envs=2, steps=2 * 440, batch_size=32, hidden=16, learning_starts=50, log_every=50)
+DEFAULTS = dict(envs=4, steps=40_000, batch_size=256, hidden=128, learning_starts=250, log_every=100, overlap=1,
+                floor_calls=20)
+SMOKE = dict(envs=2, steps=2 * 440, batch_size=32, hidden=16, learning_starts=50, log_every=50, overlap=1, floor_calls=5)
 # this script's own flags (integers; --help lists them between --steps and --seed)
 FLAGS = {
     "--batch-size": f"sampled transitions per update (default {DEFAULTS['batch_size']})",
@@ -89,7 +118,12 @@ FLAGS = {
     "--learning-starts":
         f"batched env steps with random actions before the updates (default {DEFAULTS['learning_starts']})",
     "--log-every": "batched env steps between progress reports (each reads the device)",
+    "--overlap": dict(type=int, choices=(0, 1), help="1 (default): on CUDA, each env step runs on a side stream "
+                      "beside the updates (parallel branches of the graph); 0: one stream. Same training either way"),
+    "--floor-calls": "timed calls of each floor graph after training (CUDA, eager and graph modes; 0: none; "
+                     f"default {DEFAULTS['floor_calls']})",
 }
+FLOOR_REPEATS = 10  # updates (env steps) per graph in the floor measurement
 GAMMA, TAU, POLICY_FREQUENCY = 0.99, 0.005, 2
 Q_LR, POLICY_LR = 1e-3, 3e-4
 BUFFER_SIZE = 100_000
@@ -147,35 +181,64 @@ def frozen(module: nn.Module, *args):
 
 # -- training ---------------------------------------------------------------------------------
 
-def train(args) -> None:
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    # seed=None: the reset states come from torch's default generator (seeded above), the one
-    # generator a CUDA graph captures; the step graphs replay the env's resets too
+class SideStream:
+    """Work queued inside ``with side.branch():`` runs on a side CUDA stream, concurrently with
+    what the caller's stream queues after it, until ``side.join()``; inside a graph capture the
+    two become parallel branches of the graph. Disabled or without CUDA: everything runs in
+    order on the one stream, which computes the same thing (the branch must share no tensor
+    that the other work writes)."""
+
+    def __init__(self, device: torch.device, enabled: bool) -> None:
+        self.stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def branch(self):
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))  # fork
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def join(self) -> None:
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+
+def make_sac(args, device: torch.device, add_episodes) -> SimpleNamespace:
+    """One SAC agent with its env, replay buffer and optimizers, and the functions that train
+    it (not wrapped in graphs): ``explore_steps`` and ``train_steps`` (``POLICY_FREQUENCY``
+    batched env steps each), ``update_once`` (one env step's share of the updates, for the
+    floor), ``env`` and ``policy`` (the actor's copy that acts, for the evaluation).
+    ``add_episodes(done, episode_reward)`` counts the finished episodes on the device."""
+    # seed=None: the reset states come from torch's default generator, the one generator a
+    # CUDA graph registers by itself; the step graphs replay the env's resets too
     env = Pendulum(args.envs, device, seed=None)
-    capturable = device.type == "cuda"  # Adam steps inside a CUDA graph only with this
+    cuda, compiling = device.type == "cuda", args.mode in ("compile", "compile+graph")
+    # CUDA: capturable (step counts on the device) and, uncompiled, fused (one update kernel)
+    adam = dict(capturable=cuda, fused=True if cuda and not compiling else None)
     actor = Actor(args.hidden, device)
-    # The rollout's copy of the actor: the same storage, detached (no autograd history)
-    actor_detach = Actor(args.hidden, device)
-    from_module(actor).data.to_module(actor_detach)
-    actor_detach.requires_grad_(False)
+    # The policy that acts: a copy of the actor with its own storage, detached (no autograd
+    # history), refreshed after each actor update (``sync_policy``). Its own storage lets the
+    # env step run on a side stream while the actor update writes the actor.
+    policy = copy.deepcopy(actor).requires_grad_(False)
+    actor_params, policy_params = list(actor.parameters()), list(policy.parameters())
     qnets = nn.ModuleList([QNet(args.hidden, device), QNet(args.hidden, device)])
     qnets_target = copy.deepcopy(qnets).requires_grad_(False)
     q_params, q_target_params = from_module(qnets).data, from_module(qnets_target).data
-    q_optimizer = torch.optim.Adam(qnets.parameters(), lr=Q_LR, capturable=capturable)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=POLICY_LR, capturable=capturable)
+    q_optimizer = torch.optim.Adam(qnets.parameters(), lr=Q_LR, **adam)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=POLICY_LR, **adam)
     # the entropy temperature: learned, and read by both updates as a tensor updated in place
     target_entropy = -float(Pendulum.act_dim)
     log_alpha = torch.zeros(1, device=device, requires_grad=True)
     alpha = log_alpha.detach().exp()
-    alpha_optimizer = torch.optim.Adam([log_alpha], lr=Q_LR, capturable=capturable)
+    alpha_optimizer = torch.optim.Adam([log_alpha], lr=Q_LR, **adam)
     n, obs_dim, act_dim = args.envs, Pendulum.obs_dim, Pendulum.act_dim
     rb = ReplayBuffer(BUFFER_SIZE, TensorDict(
         observations=torch.zeros(n, obs_dim), actions=torch.zeros(n, act_dim), rewards=torch.zeros(n, 1),
         next_observations=torch.zeros(n, obs_dim), dones=torch.zeros(n, 1, dtype=torch.bool),
         batch_size=[n], device=device))
-    iterations = max(1, args.steps // n)
-    report = Report(args, iterations, n, SCRIPT, ALGO)
+    side = SideStream(device, bool(args.overlap))
 
     def transition(obs, action):
         """Step every env with ``action``; write the transitions into the buffer (at device-side
@@ -184,14 +247,14 @@ def train(args) -> None:
         rb.extend(TensorDict(
             observations=obs, actions=action, rewards=td["next", "reward"],
             next_observations=td["next", "observation"], dones=td["next", "terminated"], batch_size=[n]))
-        report.add_episodes(td["next", "done"], td["next", "episode_reward"])
+        add_episodes(td["next", "done"], td["next", "episode_reward"])
 
     def collect_random():  # uniformly random actions, before the updates start
         transition(env.observation(), (2 * torch.rand(n, act_dim, device=device) - 1) * Pendulum.max_torque)
 
     def collect():
         obs = env.observation()
-        transition(obs, actor_detach.explore(obs))
+        transition(obs, policy.explore(obs))
 
     def update_critics(data):
         obs, actions, next_obs = data["observations"], data["actions"], data["next_observations"]
@@ -222,42 +285,126 @@ def train(args) -> None:
             alpha.copy_(log_alpha.exp())
         return actor_loss.detach()
 
+    @torch.no_grad()
+    def sync_policy():
+        torch._foreach_copy_(policy_params, actor_params)  # one kernel
+
     collect_random, collect = compiled(collect_random, args.mode), compiled(collect, args.mode)
     update_critics, update_actor = compiled(update_critics, args.mode), compiled(update_actor, args.mode)
 
-    def explore_step():
-        """One batched env step with random actions: one CUDA graph in the graph modes."""
-        with torch.no_grad():
+    @torch.no_grad()
+    def explore_steps():
+        """``POLICY_FREQUENCY`` batched env steps with random actions: one CUDA graph in the graph modes."""
+        for _ in range(POLICY_FREQUENCY):
             collect_random()
 
-    def train_step():
-        """One batched env step under the policy, the buffer write, a sampled batch and the
-        critic update on it: one CUDA graph in the graph modes. Every tensor it reads or writes
-        between calls (env, buffer and its cursor, networks, optimizer state) is updated in
-        place, so each replay continues where the last one stopped. Returns the batch, which
-        the actor updates use."""
+    def train_steps():
+        """``POLICY_FREQUENCY`` batched env steps, each: a batch sampled from the buffer, then
+        two branches: the critic update (after the first step, the ``POLICY_FREQUENCY``
+        delayed actor updates too, CleanRL's catch-up) and, on a side stream with ``--overlap
+        1`` on CUDA, the env step under the policy with its buffer write. One CUDA graph in the
+        graph modes. The branches share nothing: the batch was drawn before the write (it does
+        not hold this step's transition), and the env step acts with ``policy``, the actor's
+        copy refreshed after the actor updates, once both branches are done. Every tensor it
+        reads or writes between calls (env, buffer and its cursor, networks, optimizer state)
+        is updated in place, so each replay continues where the last one stopped."""
+        for i in range(POLICY_FREQUENCY):
+            with torch.no_grad():
+                data = rb.sample(args.batch_size)
+            with side.branch():
+                collect()
+            update_critics(data)
+            if i == 0:
+                for _ in range(POLICY_FREQUENCY):
+                    update_actor(data)
+            side.join()
+            if i == 0:
+                sync_policy()
+
+    def update_once():
+        """One env step's share of the updates (a batch, a critic update, an actor update):
+        what runs on the GPU per env step when nothing else does (the floor)."""
         with torch.no_grad():
-            collect()
             data = rb.sample(args.batch_size)
         update_critics(data)
-        return data
+        update_actor(data)
 
+    return SimpleNamespace(env=env, policy=policy, explore_steps=explore_steps, train_steps=train_steps,
+                           update_once=update_once)
+
+
+def measure_floor(args, device: torch.device) -> dict | None:
+    """The GPU time of the updates alone and of the training step graph, on fresh agents of the
+    same sizes (the trained one is left as it is), each as a CUDA graph of ``FLOOR_REPEATS``
+    repetitions replayed ``--floor-calls`` times between CUDA events (graph replays queue
+    faster than the GPU runs them: the events time the GPU). ``update_gpu_us``: one env step's
+    share of the updates (a sampled batch, a critic and an actor update); ``floor_steps_per_s``
+    = envs / that: the env steps/s if the GPU ran nothing but one update per env step.
+    ``step_graph_gpu_us`` and ``step_graph_steps_per_s``: the same for the graph that training
+    replays (env step, buffer write, updates), per env step; with ``--overlap 1``,
+    ``step_graph_one_stream_gpu_us`` is that graph on one stream. CUDA, eager and graph modes
+    only (compiling fresh agents would take minutes); else None."""
+    if device.type != "cuda" or args.floor_calls <= 0 or args.mode not in ("eager", "graph"):
+        return None
+    return floor_times(args, device, gpu_seconds_per_call)
+
+
+def floor_times(args, device: torch.device, seconds_per_call) -> dict:
+    """:func:`measure_floor`'s measurement, with ``seconds_per_call(fn, calls)`` timing the
+    calls of a graphed function (``gpu_seconds_per_call`` on CUDA)."""
+
+    def gpu_us_per_env_step(overlap: bool, work: str) -> float:
+        counters = SimpleNamespace(ended_sum=torch.zeros((), device=device),
+                                   ended_count=torch.zeros((), device=device))
+        bench = make_sac(SimpleNamespace(**{**vars(args), "overlap": int(overlap)}), device,
+                         functools.partial(Report.add_episodes, counters))
+        bench.env.reset()
+        for _ in range(max(1, -(-args.batch_size // (args.envs * POLICY_FREQUENCY)))):  # a batch's worth
+            bench.explore_steps()
+        one, env_steps = (bench.update_once, 1) if work == "updates" else (bench.train_steps, POLICY_FREQUENCY)
+
+        def repeated():
+            for _ in range(FLOOR_REPEATS):
+                one()
+
+        seconds = seconds_per_call(CudaGraphModule(repeated, backend=args.graph_backend), args.floor_calls)
+        return seconds / (FLOOR_REPEATS * env_steps) * 1e6
+
+    update_us = gpu_us_per_env_step(bool(args.overlap), "updates")
+    step_us = gpu_us_per_env_step(bool(args.overlap), "steps")
+    floor = dict(update_gpu_us=round(update_us, 1), step_graph_gpu_us=round(step_us, 1),
+                 floor_steps_per_s=round(args.envs / update_us * 1e6, 1),
+                 step_graph_steps_per_s=round(args.envs / step_us * 1e6, 1),
+                 overlap=bool(args.overlap), repeats=FLOOR_REPEATS, calls=args.floor_calls)
+    if args.overlap:  # what the side stream buys: the same step graph on one stream
+        floor["step_graph_one_stream_gpu_us"] = round(gpu_us_per_env_step(False, "steps"), 1)
+    return floor
+
+
+def train(args) -> None:
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    steps_per_call = args.envs * POLICY_FREQUENCY
+    iterations = max(1, args.steps // steps_per_call)
+    learning_iterations = -(-args.learning_starts // POLICY_FREQUENCY)  # explore_steps calls
+    compiling = args.mode in ("compile", "compile+graph")
+    warmup = 3 if compiling else 2  # compiled: recompiled once the optimizers have state
+    # steady speed: from the first report after both graphs are captured
+    report = Report(args, iterations, steps_per_call, SCRIPT, ALGO, log_every=args.log_every // POLICY_FREQUENCY,
+                    burn_in=learning_iterations + warmup + 2)
+    sac = make_sac(args, device, report.add_episodes)
     backend = dict(backend=args.graph_backend)
-    explore_step = graphed(explore_step, args.mode, **backend)
-    train_step = graphed(train_step, args.mode, warmup=5, **backend)
-    update_actor = graphed(update_actor, args.mode, warmup=5, **backend)
+    explore_steps = graphed(sac.explore_steps, args.mode, **backend)
+    train_steps = graphed(sac.train_steps, args.mode, warmup=warmup, **backend)
 
-    env.reset()
-    for step in report:  # counts the env steps; reports progress every --log-every steps
-        if step < args.learning_starts:
-            explore_step()
-            continue
-        data = train_step()
-        if step % POLICY_FREQUENCY == 0:
-            for _ in range(POLICY_FREQUENCY):  # catch up on the delayed updates
-                update_actor(data)
-    report.finish(dict(explore_step=explore_step, train_step=train_step, update_actor=update_actor),
-                  actor_detach.mean_action)
+    sac.env.reset()
+    for iteration in report:  # counts the env steps; reports progress every --log-every batched env steps
+        if iteration < learning_iterations:
+            explore_steps()
+        else:
+            train_steps()
+    report.finish(dict(explore_steps=explore_steps, train_steps=train_steps), sac.policy.mean_action,
+                  measure=lambda: measure_floor(args, device))
 
 
 def main(argv=None) -> None:

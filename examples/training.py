@@ -1,8 +1,9 @@
 """What the training examples ``train_ppo.py`` and ``train_sac.py`` share: their common flags,
-the modes (``compiled``, ``graphed``, ``wrap``), the replay buffer, and ``Report``, which counts
+the modes (``compiled``, ``graphed``, ``wrap``), the replay buffer, ``Report``, which counts
 env steps and finished episodes' returns, shows progress, notes when the return first reaches
-``--threshold`` (``Threshold``), stops at ``--max-seconds``, evaluates the final policy and
-writes the CSV, the plot, the JSON summary and the summary line."""
+``--threshold`` (``Threshold``), measures the steady env steps/s (after warmup and capture),
+stops at ``--max-seconds``, evaluates the final policy and writes the CSV, the plot, the JSON
+summary and the summary line, and ``gpu_seconds_per_call`` (CUDA events around graph replays)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from tensordict import TensorDict
 from examples.envs import Pendulum
 from graphmodule import CudaGraphModule
 
-__all__ = ["MODES", "Progress", "ReplayBuffer", "Report", "Threshold", "compiled", "graphed", "mean_episode_return",
-           "parse_flags", "random_policy_return", "run_training", "wrap", "write_outputs", "write_summary"]
+__all__ = ["MODES", "Progress", "ReplayBuffer", "Report", "Threshold", "compiled", "gpu_seconds_per_call", "graphed",
+           "mean_episode_return", "parse_flags", "random_policy_return", "run_training", "wrap", "write_outputs",
+           "write_summary"]
 
 MODES = ("eager", "graph", "compile", "compile+graph")
 
@@ -54,8 +56,8 @@ class ReplayBuffer:
         for key in self.keys:
             self.storage.get(key).index_copy_(0, index, td.get(key))
         # in place, never rebound: a graph that writes the buffer reads these at every replay
-        self.cursor.copy_((self.cursor + n) % self.capacity)
-        self.size.copy_((self.size + n).clamp(max=self.capacity))
+        self.cursor.add_(n).remainder_(self.capacity)
+        self.size.add_(n).clamp_(max=self.capacity)
 
     def sample(self, batch_size: int) -> TensorDict:
         # modulo a device-side size: torch.randint's bound would be a host int (bias < 1e-13)
@@ -67,15 +69,15 @@ class ReplayBuffer:
 # -- command line -------------------------------------------------------------------------------
 
 def parse_flags(argv, description: str, script: str, defaults: dict, smoke: dict, flags: dict):
-    """The flags of both scripts, with the script's own (``flags``: integer flag -> help)
-    after ``--envs`` and ``--steps``. A flag left out takes its value from ``smoke`` with
-    ``--smoke``, else from ``defaults``."""
+    """The flags of both scripts, with the script's own (``flags``: flag -> help of an
+    integer flag, or -> ``add_argument``'s keywords) after ``--envs`` and ``--steps``. A flag
+    left out takes its value from ``smoke`` with ``--smoke``, else from ``defaults``."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=MODES, default="graph")
     parser.add_argument("--envs", type=int, help=f"parallel environments (default {defaults['envs']})")
     parser.add_argument("--steps", type=int, help=f"env steps in all (default {defaults['steps']})")
-    for flag, text in flags.items():
-        parser.add_argument(flag, type=int, help=text)
+    for flag, spec in flags.items():  # help text: an integer flag; a dict: add_argument's keywords
+        parser.add_argument(flag, **({"type": int, "help": spec} if isinstance(spec, str) else spec))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threshold", type=float, default=-200.0,
@@ -233,21 +235,36 @@ class Report:
 
     ``Report(args, iterations, steps_per_iteration, script, algo)`` measures the return of a
     random policy, then starts the clock and the progress bar. Iterating over it gives the
-    training loop's iteration numbers; after every ``args.log_every``-th iteration and the
-    last, it reads the returns of the episodes that ended since (``add_episodes``, summed on
-    the device), updates the bar and the threshold, and ends the loop early once
-    ``args.max_seconds`` have passed. :meth:`finish` prints the rest once the loop is done."""
+    training loop's iteration numbers; after every ``log_every``-th iteration (default
+    ``args.log_every``) and the last, it reads the returns of the episodes that ended since
+    (``add_episodes``, summed on the device: one host synchronisation per report, none between
+    reports), updates the bar and the threshold, and ends the loop early once
+    ``args.max_seconds`` have passed. :meth:`finish` prints the rest once the loop is done.
 
-    def __init__(self, args, iterations: int, steps_per_iteration: int, script: str, algo: str) -> None:
+    Two rates: ``steps_per_s`` over the whole run (warmup, capture and compilation included),
+    and ``steady_steps_per_s``, from the first report after ``burn_in`` iterations (once the
+    graphs are captured and the functions compiled) to the last one. Both count the env steps
+    actually simulated, and both end at a report, where the host has waited for the device.
+    """
+
+    def __init__(self, args, iterations: int, steps_per_iteration: int, script: str, algo: str, *,
+                 log_every: int | None = None, burn_in: int = 0) -> None:
         self.args, self.script, self.algo = args, script, algo
         self.device = torch.device(args.device)
         self.iterations, self.steps_per_iteration, self.env_steps = iterations, steps_per_iteration, 0
+        self.log_every = max(1, args.log_every if log_every is None else log_every)
+        self.burn_in = burn_in
         self.random_return = random_policy_return(self.device, args.seed + 1)
         self.ended_sum = torch.zeros((), device=self.device)
         self.ended_count = torch.zeros((), device=self.device)
         self.mean_return = math.nan  # of the latest finished episodes
         self.threshold = Threshold(args.threshold)
         self.time_limited = False  # stopped by --max-seconds
+        # seconds and env steps at the first report after burn_in, and at the latest report
+        # (plain numbers: graphmodule watches the containers reachable from a graphed function)
+        self.steady_seconds0: float | None = None
+        self.steady_steps0 = 0
+        self.report_seconds, self.report_steps = 0.0, 0
         self.progress = Progress(iterations * steps_per_iteration, f"{algo} {args.mode}")
 
     def add_episodes(self, done: torch.Tensor, episode_reward: torch.Tensor) -> None:
@@ -261,26 +278,39 @@ class Report:
         for iteration in range(self.iterations):
             yield iteration
             self.env_steps += self.steps_per_iteration
-            if (iteration + 1) % self.args.log_every == 0 or iteration + 1 == self.iterations:
-                count = int(self.ended_count.item())  # the one host synchronisation, once per log
+            if (iteration + 1) % self.log_every == 0 or iteration + 1 == self.iterations:
+                count = int(self.ended_count.item())  # the one host synchronisation, once per report
                 total = self.ended_sum.item() if count else 0.0
                 if count:
                     self.mean_return = total / count
                     self.ended_sum.zero_()
                     self.ended_count.zero_()
                 elapsed = self.progress.elapsed()
+                self.report_seconds, self.report_steps = elapsed, self.env_steps
+                if self.steady_seconds0 is None and iteration + 1 >= self.burn_in:
+                    self.steady_seconds0, self.steady_steps0 = elapsed, self.env_steps
                 self.progress.update(elapsed, self.env_steps, self.mean_return, bool(count))
                 self.threshold.add(elapsed, self.env_steps, total, count)
                 if self.args.max_seconds is not None and elapsed >= self.args.max_seconds:
                     self.time_limited = True
                     return
 
-    def finish(self, wrapped: dict, eval_policy) -> None:
+    def steady(self) -> tuple[float | None, float | None]:
+        """``(env steps/s, seconds)`` from the first report after ``burn_in`` iterations to the
+        last report; ``(None, None)`` without two such reports."""
+        if self.steady_seconds0 is None or self.report_seconds <= self.steady_seconds0:
+            return None, None
+        seconds = self.report_seconds - self.steady_seconds0
+        return (self.report_steps - self.steady_steps0) / seconds, seconds
+
+    def finish(self, wrapped: dict, eval_policy, measure=None) -> None:
         """After the loop: close the progress bar; in the graph modes, print the graphmodule
-        counters of ``wrapped`` (name -> wrapper); evaluate ``eval_policy``; with ``--out``,
-        write the CSV, the plot and the JSON summary; last, print the summary line."""
+        counters of ``wrapped`` (name -> wrapper); call ``measure()`` if given (after the clock
+        stopped: a dict for the summary's ``"floor"``, or None); evaluate ``eval_policy``; with
+        ``--out``, write the CSV, the plot and the JSON summary; last, print the summary line."""
         args, env_steps = self.args, self.env_steps
         seconds = self.progress.close()
+        steady, steady_seconds = self.steady()
         graphs = {}
         if "graph" in args.mode:
             graphs = {name: dict(warmup=g.stats.warmup_calls, captures=g.stats.captures, replays=g.stats.replays,
@@ -291,18 +321,25 @@ class Report:
         if self.time_limited:
             print(f"stopped after --max-seconds {args.max_seconds:g}: {env_steps} of "
                   f"{self.iterations * self.steps_per_iteration} env steps")
+        floor = measure() if measure is not None else None
+        if floor is not None and steady is not None:
+            floor["steady_vs_floor"] = round(steady / floor["floor_steps_per_s"], 3)
+        if floor is not None:
+            print("floor: " + " ".join(f"{key}={value}" for key, value in floor.items()))
         eval_return = mean_episode_return(eval_policy, self.device, args.seed + 2)
         reached = self.threshold.seconds is not None
         result = dict(
             script=self.script, algo=self.algo, mode=args.mode, envs=args.envs, env_steps=env_steps,
             seconds=round(seconds, 3), steps_per_s=round(env_steps / seconds, 1),
+            steady_steps_per_s=None if steady is None else round(steady, 1),
+            steady_seconds=None if steady_seconds is None else round(steady_seconds, 3),
             final_return=_finite(self.mean_return), eval_return=_finite(eval_return),
             recent_return=None if self.threshold.mean is None else _finite(self.threshold.mean),
             random_return=_finite(self.random_return), threshold=args.threshold,
             threshold_episodes=self.threshold.episodes,
             threshold_seconds=round(self.threshold.seconds, 3) if reached else None,
             threshold_env_steps=self.threshold.env_steps, time_limited=self.time_limited,
-            device=_device_name(self.device), torch=torch.__version__, graphs=graphs,
+            device=_device_name(self.device), torch=torch.__version__, graphs=graphs, floor=floor,
             settings={key: value for key, value in sorted(vars(args).items()) if key not in ("out", "mode")})
         if args.out:
             write_outputs(args.out, args.mode, self.progress.rows, self.random_return, self.device,
@@ -311,11 +348,31 @@ class Report:
         when = (f"threshold_seconds={self.threshold.seconds:.1f} threshold_env_steps={self.threshold.env_steps}"
                 if reached else "threshold_seconds=not_reached threshold_env_steps=not_reached")
         print(f"summary: mode={args.mode} envs={args.envs} env_steps={env_steps} seconds={seconds:.1f} "
-              f"steps_per_s={env_steps / seconds:.0f} final_mean_return={self.mean_return:.1f} "
+              f"steps_per_s={env_steps / seconds:.0f} "
+              f"steady_steps_per_s={'none' if steady is None else f'{steady:.0f}'} "
+              f"final_mean_return={self.mean_return:.1f} "
               f"eval_return={eval_return:.1f} random_policy_return={self.random_return:.1f} "
               f"threshold={args.threshold:g} {when} "
               f"(random policy: uniform torques, 64 episodes of the same Pendulum; eval: the mean action; "
-              f"threshold: first time the latest {self.threshold.episodes}+ finished episodes average it)")
+              f"threshold: first time the latest {self.threshold.episodes}+ finished episodes average it; "
+              f"steady: env steps/s after the first {self.burn_in} iterations)")
+
+
+def gpu_seconds_per_call(fn, calls: int, *, warm: int = 3) -> float:
+    """The GPU time of one call of ``fn`` (a graphed function: each call one replay): ``warm``
+    calls (graphmodule's warmup and capture), then ``calls`` calls between two CUDA events.
+    Measures GPU time where each call queues more GPU work than its host time (replays of a
+    graph that repeats its work several times); else the host's time shows. CUDA only."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000 / calls
 
 
 def _finite(x: float) -> float | None:

@@ -65,7 +65,8 @@ def test_train_step(steps):
 TRAINING = ("train_ppo.py", "train_sac.py")
 SUMMARY = re.compile(
     r"^summary: mode=(?P<mode>\S+) envs=(?P<envs>\d+) env_steps=(?P<env_steps>\d+) seconds=(?P<seconds>[0-9.]+) "
-    r"steps_per_s=(?P<steps_per_s>\d+) final_mean_return=(?P<final>\S+) eval_return=(?P<eval>\S+) "
+    r"steps_per_s=(?P<steps_per_s>\d+) steady_steps_per_s=(?P<steady>\d+|none) final_mean_return=(?P<final>\S+) "
+    r"eval_return=(?P<eval>\S+) "
     r"random_policy_return=(?P<random>\S+) threshold=(?P<threshold>\S+) threshold_seconds=(?P<threshold_seconds>\S+) "
     r"threshold_env_steps=(?P<threshold_env_steps>\S+) \(random policy: ", re.M)
 
@@ -91,7 +92,10 @@ def summary(out):
     return SUMMARY.search(out).groupdict()
 
 
-GRAPHED = {"train_ppo.py": ["rollout", "update"], "train_sac.py": ["explore_step", "train_step", "update_actor"]}
+# PPO: a whole iteration (rollout, GAE, every epoch's minibatch updates) is one graph; SAC:
+# POLICY_FREQUENCY random-action steps, and POLICY_FREQUENCY training steps (env step, buffer
+# write, sampling, critic and actor updates)
+GRAPHED = {"train_ppo.py": ["iteration"], "train_sac.py": ["explore_steps", "train_steps"]}
 
 
 def summary_json(out_dir, script, mode):
@@ -137,13 +141,25 @@ def test_training_summary_json(script, mode, smoke_run):
     out, out_dir = smoke_run(script, mode)
     line, result = summary(out), summary_json(out_dir, script, mode)
     assert set(result) == {
-        "script", "algo", "mode", "envs", "env_steps", "seconds", "steps_per_s", "final_return", "eval_return",
-        "recent_return", "random_return", "threshold", "threshold_episodes", "threshold_seconds", "threshold_env_steps",
-        "time_limited", "device", "torch", "graphs", "settings"}
+        "script", "algo", "mode", "envs", "env_steps", "seconds", "steps_per_s", "steady_steps_per_s", "steady_seconds",
+        "final_return", "eval_return", "recent_return", "random_return", "threshold", "threshold_episodes",
+        "threshold_seconds", "threshold_env_steps", "time_limited", "device", "torch", "graphs", "floor", "settings"}
     assert (result["script"], result["mode"], result["torch"]) == (script.replace(".py", ""), mode, torch.__version__)
     assert result["device"] == ("cpu" if not torch.cuda.is_available() else f"cuda ({torch.cuda.get_device_name()})")
     assert (result["envs"], result["env_steps"]) == (int(line["envs"]), int(line["env_steps"]))
     assert result["steps_per_s"] == pytest.approx(float(line["steps_per_s"]), abs=1)
+    # steady: from the report after the burn-in to the last report, within the run
+    assert result["steady_steps_per_s"] == pytest.approx(float(line["steady"]), abs=1) and result["steady_steps_per_s"] > 0
+    assert 0 < result["steady_seconds"] < result["seconds"]
+    floor = result["floor"]  # SAC on CUDA: the GPU time of its update and step graph
+    if script == "train_sac.py" and torch.cuda.is_available():
+        assert floor["update_gpu_us"] > 0 and floor["step_graph_gpu_us"] > 0, floor
+        assert floor["floor_steps_per_s"] == pytest.approx(result["envs"] / floor["update_gpu_us"] * 1e6, rel=1e-3,
+                                                           abs=0.06)
+        assert floor["steady_vs_floor"] == pytest.approx(result["steady_steps_per_s"] / floor["floor_steps_per_s"],
+                                                         abs=2e-3)
+    else:
+        assert floor is None
     for key, name in (("final_return", "final"), ("eval_return", "eval"), ("random_return", "random")):
         assert result[key] == pytest.approx(float(line[name]), abs=0.06), key
     assert -3300 < result["recent_return"] < 0  # the latest 10+ episodes' mean: all of a smoke run's (4 or 12)
@@ -196,6 +212,122 @@ def test_training_max_seconds(script, first_report, smoke_run):
     assert int(summary(out)["env_steps"]) == first_report
     result = summary_json(out_dir, script, "eager")
     assert (result["env_steps"], result["time_limited"]) == (first_report, True)
+
+
+RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "normal", "uniform",
+              "random", "bernoulli", "multinomial", "exponential", "poisson"}
+
+
+@pytest.mark.parametrize(("script", "argv"), [("train_ppo", ["--steps", "256"]), ("train_sac", ["--steps", "120"])])
+def test_graphed_functions_draw_from_the_default_generator(script, argv, monkeypatch):
+    """Every random number the graphed functions draw (PPO: the rollout's noise, the env
+    resets, the minibatch shuffles; SAC: random actions, resets, sampled batches, policy
+    noise) comes from torch's default generator: the one a CUDA graph registers by itself and
+    advances at every replay, so that each replay draws fresh numbers. A ``torch.Generator``
+    of their own would be replayed with the capture's numbers (or fail the capture)."""
+    import importlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class RandomOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__.rstrip("_")
+            if name in RANDOM_OPS:
+                self.calls.append((name, kwargs.get("generator")))
+            return func(*args, **kwargs)
+
+    module = importlib.import_module(f"examples.{script}")
+    draws = {}
+
+    def graphed(fn, mode, **options):  # what the graph modes would capture, run eagerly under the mode
+        def traced():
+            with RandomOps() as ops:
+                result = fn()
+            draws.setdefault(fn.__name__, []).extend(ops.calls)
+            return result
+        return traced
+
+    monkeypatch.setattr(module, "graphed", graphed)
+    threads = torch.get_num_threads()
+    try:
+        module.main(["--smoke", "--mode", "eager", *argv])
+    finally:
+        torch.set_num_threads(threads)  # --smoke sets one thread
+    assert sorted(draws) == sorted(GRAPHED[script + ".py"])
+    for name, calls in draws.items():
+        assert calls, name  # each one draws random numbers...
+        assert all(generator is None for _, generator in calls), (name, calls)  # ...from the default generator
+    if script == "train_ppo":  # the noise, a reset state per step, a shuffle per epoch
+        assert {"randn", "rand"} <= {op for op, _ in draws["iteration"]}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("frames", [1024, 51_200])  # PPO's one env (an in-kernel sort) and 256 envs (CUB's radix sort)
+def test_shuffle_in_a_cuda_graph_is_fresh_at_every_replay(frames, cuda):
+    """PPO's minibatch shuffle inside the iteration graph: ``argsort`` of ``torch.rand`` on the
+    device captures, and each replay draws a new permutation (torch's default generator,
+    registered with the graph, advances its offset at each replay)."""
+    from graphmodule import CudaGraphModule
+
+    shuffle = CudaGraphModule(lambda: torch.rand(frames, device=cuda).argsort(), warmup=1, outputs="clone")
+    orders = [shuffle() for _ in range(5)]  # a warmup call, the capture, three replays
+    assert shuffle.stats.captures == 1 and shuffle.stats.replays >= 3
+    expected = torch.arange(frames, device=cuda)
+    for order in orders:
+        assert torch.equal(order.sort().values, expected)  # a permutation
+    assert len({tuple(order[:16].tolist()) for order in orders}) == len(orders)  # a new one each time
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_sac_overlap_trains_alike(mode, smoke_run):
+    """``--overlap 0`` (one stream) and ``--overlap 1`` (the env step on a side stream beside
+    the updates, on CUDA) train alike: the branches share no tensor that the other writes."""
+    one_stream, _ = smoke_run("train_sac.py", mode, "--overlap", "0")
+    overlapped, _ = smoke_run("train_sac.py", mode)
+    a, b = summary(one_stream), summary(overlapped)
+    assert a["env_steps"] == b["env_steps"]
+    for key in ("final", "eval"):
+        assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-3, abs=0.2), key
+
+
+def test_sac_floor_measurement_on_cpu():
+    """The floor's bookkeeping (``train_sac.floor_times``) with a host timer standing in for the
+    CUDA events: fresh agents (the trained one untouched), the per-env-step division, the keys."""
+    import time
+    import warnings
+
+    from examples import train_sac
+    from examples.training import parse_flags
+
+    args = parse_flags(["--smoke", "--mode", "graph", "--graph-backend", "simulate", "--device", "cpu"], "", "train_sac",
+                       train_sac.DEFAULTS, train_sac.SMOKE, train_sac.FLAGS)
+    timed = []
+
+    def seconds_per_call(fn, calls):
+        fn(), fn(), fn()  # warmup and capture
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        timed.append(fn.stats.replays)
+        return (time.perf_counter() - start) / calls
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        floor = train_sac.floor_times(args, torch.device("cpu"), seconds_per_call)
+    assert set(floor) == {"update_gpu_us", "step_graph_gpu_us", "floor_steps_per_s", "step_graph_steps_per_s",
+                          "overlap", "repeats", "calls", "step_graph_one_stream_gpu_us"}
+    # each rounded to 0.1: on a slow CPU the floor is a few env steps/s
+    assert floor["floor_steps_per_s"] == pytest.approx(args.envs / floor["update_gpu_us"] * 1e6, rel=1e-3, abs=0.06)
+    assert floor["step_graph_steps_per_s"] == pytest.approx(args.envs / floor["step_graph_gpu_us"] * 1e6, rel=1e-3,
+                                                            abs=0.06)
+    assert (floor["repeats"], floor["calls"], floor["overlap"]) == (train_sac.FLOOR_REPEATS, args.floor_calls, True)
+    assert timed == [args.floor_calls + 1] * 3  # three graphs: updates, steps, steps on one stream; all replayed
+    assert train_sac.measure_floor(args, torch.device("cpu")) is None  # CUDA only
 
 
 @pytest.mark.parametrize("script", TRAINING)
@@ -329,27 +461,63 @@ def fake_result(script, envs, mode, **changes):
     return result
 
 
+FLOOR = dict(update_gpu_us=400.0, step_graph_gpu_us=420.5, floor_steps_per_s=2500.0, step_graph_steps_per_s=2378.1,
+             overlap=True, repeats=10, calls=20, step_graph_one_stream_gpu_us=520.0, steady_vs_floor=0.92)
+
+
 class TestMarkdownTable:
     def test_table(self):
         from examples.results_table import markdown_table
 
         table = markdown_table([
-            fake_result("train_ppo", 1, "graph"),
+            fake_result("train_ppo", 1, "graph", steady_steps_per_s=15_000.4),
             fake_result("train_ppo", 1, "eager", steps_per_s=950.0, threshold_seconds=None,
                         threshold_env_steps=None, final_return=-3.0, recent_return=-700.0, time_limited=True),
+            fake_result("train_sac", 1, "graph", steps_per_s=2000.0, steady_steps_per_s=2300.0, floor=FLOOR),
             {"script": "train_sac", "envs": 64, "mode": "compile", "error": "failed: exit 124 (timeout after 165 s)"},
         ])
         assert table.splitlines() == [
             "threshold -200; random policy -1 263; device cuda (NVIDIA H100); torch 2.11.0 "
             "(the threshold: the mean return of the latest 10+ finished episodes)",
             "",
-            "| script | envs | mode | env steps/s | s to threshold | env steps to threshold | final return (10+ episodes) "
-            "| note |",
-            "|---|---:|---|---:|---:|---:|---:|---|",
-            "| train_ppo | 1 | graph | 12 346 | 3.2 | 51 200 | -150 |  |",
-            "| train_ppo | 1 | eager | 950 | not reached | — | -700 | stopped at 20 s |",
-            "| train_sac | 64 | compile | — | — | — | — | failed: exit 124 (timeout after 165 s) |",
+            "| script | envs | mode | env steps/s | steady env steps/s | GPU floor env steps/s (steady / floor) "
+            "| s to threshold | env steps to threshold | final return (10+ episodes) | note |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+            "| train_ppo | 1 | graph | 12 346 | 15 000 | — | 3.2 | 51 200 | -150 |  |",
+            "| train_ppo | 1 | eager | 950 | — | — | not reached | — | -700 | stopped at 20 s |",
+            "| train_sac | 1 | graph | 2 000 | 2 300 | 2 500 (0.92x) | 3.2 | 51 200 | -150 | update 400 µs GPU; "
+            "step graph 420 µs (2 378 steps/s) |",
+            "| train_sac | 64 | compile | — | — | — | — | — | — | failed: exit 124 (timeout after 165 s) |",
         ]
+
+
+class TestGoals:
+    """``results_table.py --goals``: #9's two one-env goals, from the graph runs with one env."""
+
+    def test_met_and_not_met(self):
+        from examples.results_table import goals
+
+        lines = goals([fake_result("train_ppo", 1, "graph", steady_steps_per_s=6_000.0),
+                       fake_result("train_ppo", 256, "graph", steady_steps_per_s=1.0),  # many envs: not a goal
+                       fake_result("train_sac", 1, "graph", steady_steps_per_s=2_300.0, floor=FLOOR)])
+        assert lines[0] == ("PPO, 1 env, graph: steady 6 000 env steps/s (whole run, warmup and capture included: "
+                            "12 346) = 3.33x the published script's ~1 800; goal >= 3x (5 400): met")
+        assert lines[1].startswith("SAC, 1 env, graph: steady 2 300 env steps/s; floor 2 500 (one update per env "
+                                   "step: 400.0 µs of GPU time); steady / floor = 0.92; goal >= 0.9 (within 10%): met.")
+        assert lines[1].endswith("420.5 µs per env step (2 378 env steps/s; on one stream 520.0 µs)")
+        lines = goals([fake_result("train_ppo", 1, "graph", steady_steps_per_s=5_000.0),
+                       fake_result("train_sac", 1, "graph", steady_steps_per_s=2_000.0, floor=FLOOR)])
+        assert lines[0].endswith("goal >= 3x (5 400): NOT met") and "steady / floor = 0.80;" in lines[1]
+        assert "NOT met" in lines[1]
+
+    def test_missing(self):
+        from examples.results_table import goals
+
+        assert goals([fake_result("train_sac", 1, "graph", steady_steps_per_s=2_000.0, floor=None),
+                      {"script": "train_ppo", "envs": 1, "mode": "graph", "error": "failed: exit 1"}]) == [
+            "PPO, 1 env, graph: not measured (failed: exit 1)",
+            "SAC, 1 env, graph: not measured (no floor: measured on CUDA only)"]
+        assert goals([]) == ["PPO, 1 env, graph: not measured (no run)", "SAC, 1 env, graph: not measured (no run)"]
 
 
 class TestLoad:
@@ -390,8 +558,9 @@ class TestPlot:
 
 def test_results_table_command(tmp_path):
     (tmp_path / "train_ppo_graph_summary.json").write_text(json.dumps(fake_result("train_ppo", 1, "graph")))
-    out = run("results_table.py", str(tmp_path))
-    assert "| train_ppo | 1 | graph | 12 346 | 3.2 | 51 200 | -150 |  |" in out
+    out = run("results_table.py", str(tmp_path), "--goals")
+    assert "| train_ppo | 1 | graph | 12 346 | — | — | 3.2 | 51 200 | -150 |  |" in out
+    assert "- PPO, 1 env, graph: not measured (no steady speed)" in out
 
 
 def test_gpu_examples_script_parses():
