@@ -53,7 +53,8 @@ _NOTHING = object()
 
 def _buffer_bytes(tensors: list[torch.Tensor]) -> int:
     """The memory of the storages under ``tensors``, each counted once."""
-    return sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}.values())
+    storages = (t.untyped_storage() for t in tensors)
+    return sum({s._cdata: s.nbytes() for s in storages}.values())
 
 
 class CudaGraphModule(WrapperSurface):
@@ -143,15 +144,15 @@ class CudaGraphModule(WrapperSurface):
         out_keys: Any = None,
         device: torch.device | str | int | None = None,
         *,
-        outputs: str = "safe",
-        capture_error_mode: str = "thread_local",
-        on_capture_failure: str = "raise",
-        on_stale: str = "raise",
-        max_graphs: int = 1,
-        on_graph_limit: str = "raise",
-        pool: Any = None,
-        backend: str = "auto",
-        debug: bool = False,
+        outputs: str = Options.outputs,  # (the defaults are Options', in one place)
+        capture_error_mode: str = Options.capture_error_mode,
+        on_capture_failure: str = Options.on_capture_failure,
+        on_stale: str = Options.on_stale,
+        max_graphs: int = Options.max_graphs,
+        on_graph_limit: str = Options.on_graph_limit,
+        pool: Any = Options.pool,
+        backend: str = Options.backend,
+        debug: bool = Options.debug,
     ) -> None:
         if not callable(module):
             raise TypeError(f"module must be callable (got {type(module).__name__}).")
