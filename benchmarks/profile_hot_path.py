@@ -132,7 +132,7 @@ def main():
                     ("floor + clone", lambda: (torch._foreach_copy_(static, leaves), graph.replay(), out.clone())),
                     ("floor + empty_like+copy_", lambda: (torch._foreach_copy_(static, leaves), graph.replay(), torch.empty_like(out).copy_(out))),
                 ]
-            for mode in ("clone", "static"):
+            for mode in ("safe", "static", "clone"):
                 g = CudaGraphModule(case.fn, warmup=2, outputs=mode)
                 for _ in range(4):
                     g(*case.args)

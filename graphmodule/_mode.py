@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - older tensordict
     def _interaction_type() -> Any:
         return None
 
+from . import _dictwatch
 from ._errors import Mismatch
 
 __all__ = ["ModeReader"]
@@ -44,9 +45,27 @@ class ModeReader:
             self._sources, self._get = [vars(m) for m in self.modules], _training_item
         else:
             self._sources, self._get = self.modules, _training
+        # Where dict watchers see every store into those __dict__s (``module.train()``
+        # included, see _dictwatch), the modules' modes are read again only after one of
+        # them changed: a critic update reaching some 40 modules read 40 dicts per call.
+        self._flag: _dictwatch.Flag | None = None
+        self._modes: tuple = ()
+        if self._get is _training_item and self._sources and all(
+                _dictwatch.watchable(d, instance_dict=True) for d in self._sources):
+            flag = _dictwatch.Flag()
+            if _dictwatch.watch(self._sources, flag):
+                self._flag = flag
 
     def read(self) -> tuple:
-        return (_is_grad_enabled(), _interaction_type(), tuple(map(self._get, self._sources)))
+        flag = self._flag
+        if flag is None:
+            modes = tuple(map(self._get, self._sources))
+        elif flag.raised:  # lowered before reading: a change from here on raises it again
+            flag.raised = False
+            modes = self._modes = tuple(map(self._get, self._sources))
+        else:
+            modes = self._modes
+        return (_is_grad_enabled(), _interaction_type(), modes)
 
     def mismatches(self, captured: tuple, now: tuple) -> list[Mismatch]:
         found = []

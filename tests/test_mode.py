@@ -8,6 +8,8 @@ from tensordict.nn import InteractionType, set_interaction_type
 from torch import nn
 
 from graphmodule import CudaGraphModule, InputMismatchError
+from graphmodule import _dictwatch
+from graphmodule._mode import ModeReader
 
 X = torch.ones(2, 3)
 
@@ -61,6 +63,65 @@ class TestModes:
                 if not training:
                     torch.testing.assert_close(out, net(X))
         assert g.stats.captures == 2 and g.stats.graphs == 2
+
+
+def _net():
+    return nn.Sequential(nn.Linear(3, 3), nn.Sequential(nn.Dropout(0.5), nn.ReLU()))
+
+
+# every way a module's mode changes, and changes that leave it as it was
+MODE_CHANGES = {
+    "eval()": lambda net: net.eval(),
+    "train()": lambda net: net.train(),
+    "train(False) on a child": lambda net: net[1].train(False),
+    "attribute": lambda net: setattr(net[1][0], "training", False),
+    "object.__setattr__": lambda net: object.__setattr__(net[0], "training", False),
+    "__dict__ item": lambda net: vars(net[1][1]).__setitem__("training", False),
+    "__dict__.update": lambda net: vars(net).update(training=False),
+    "another attribute": lambda net: setattr(net[0], "note", 1),
+    "nothing": lambda net: None,
+}
+
+
+class TestModeReader:
+    @pytest.mark.parametrize("change", list(MODE_CHANGES))
+    def test_reads_what_every_module_holds_now(self, change):
+        """With dict watchers (CPython 3.12+) the modes are cached until a module's __dict__
+        changes; without, read every call: either way, what every module holds now."""
+        net = _net()
+        modules = list(net.modules())
+        reader = ModeReader(modules, [str(i) for i in range(len(modules))])
+        for _ in range(2):  # the first read fills the cache, the second uses it
+            assert reader.read()[2] == tuple(m.training for m in modules)
+        for step in (MODE_CHANGES[change], lambda n: n.train(), MODE_CHANGES[change]):
+            step(net)
+            assert reader.read()[2] == tuple(m.training for m in modules)
+            assert reader.read()[2] == tuple(m.training for m in modules)
+
+    def test_cached_where_dict_watchers_see_instance_dicts(self):
+        net = _net()
+        reader = ModeReader(list(net.modules()), ["m"] * 4)
+        watched = _dictwatch.available() and _dictwatch.watchable({}, instance_dict=True)
+        assert (reader._flag is not None) == watched
+        if watched:
+            reader.read()
+            vars(net[0])["training"] = "sentinel"  # raises the flag: read again
+            assert reader.read()[2][1] == "sentinel"
+            reader._modes = ("cached",)  # nothing changed since: the cache is what read returns
+            assert reader.read()[2] == ("cached",)
+
+    def test_a_mode_switch_between_replays_is_refused(self):
+        net = _net()
+        g = _make(net)
+        with torch.no_grad():
+            for _ in range(3):
+                g(X)
+            net[1][0].training = False  # a plain attribute store, as eval() makes
+            with pytest.raises(InputMismatchError, match=r"module\.1\.0\.training: expected mode train mode, got eval mode"):
+                g(X)
+            net[1][0].training = True
+            replays = g.stats.replays
+            assert g(X).shape == (2, 3) and g.stats.replays == replays + 1
 
 
 class TestGraphsPerSignature:
