@@ -51,7 +51,7 @@ def test_smoke_runs_and_writes(ref, tmp_path):
     assert len(doc["runs"]) == 3 and doc["published_steps_per_s"] == {"ppo": 1800.0, "sac": 520.0, "td3": 650.0}
     with open(os.path.join(out, "published_reference.md")) as f:
         md = f.read()
-    assert "| SAC | 0 | not reached by 300 |" in md and "| PPO | 1 | > 512 | - |" in md
+    assert "| SAC | 0 | not reached by 300 |" in md and "| PPO | 1 | not reached (median) | - | - |" in md
     assert "Smoke run" in md
 
     # a later invocation adds its runs to the folder's; other settings are refused
@@ -69,7 +69,33 @@ def test_reached_counts_env_steps(ref, algo):
     r = ref.run_one(algo, 0, smoke=True, threshold=-1e9, window=1, quiet=True)
     assert r["reached"] and r["env_steps_to_threshold"] == r["env_steps_run"] == 200
     assert r["episodes_to_threshold"] == 1
-    assert r["est_published_seconds_to_threshold"] == round(200 / ref.PUBLISHED_STEPS_PER_S[algo], 1)
+    sps = ref.PUBLISHED_STEPS_PER_S[algo]
+    assert r["est_published_seconds_to_threshold"] == round(200 / sps, 1)
+    # the learning phase's estimate leaves out the random warm-up (SAC/TD3's learning_starts)
+    warm = r["hyperparameters"].get("learning_starts", 0)
+    assert r["est_published_seconds_learning_phase"] == round((200 - warm) / sps, 1)
+
+
+def test_median_and_rewrite(ref, tmp_path):
+    runs = []
+    for seed, steps in enumerate([9400, None, 10600]):
+        r = dict(algo="sac", seed=seed, smoke=False, threshold=-200.0, window=10, cap=60000,
+                 reached=steps is not None, env_steps_to_threshold=steps, episodes_to_threshold=None,
+                 env_steps_run=steps or 60000, wall_s=1.0, published_steps_per_s=520.0,
+                 hyperparameters=dict(learning_starts=5000))
+        runs.append(ref.derive(r))
+    # the unreached seed counts as slower than both reached ones
+    assert ref._median(runs, "env_steps_to_threshold") == "10 600"
+    assert ref._median(runs, "est_published_seconds_to_threshold") == "20.4"
+    assert ref._median(runs, "est_published_seconds_learning_phase") == f"{5600 / 520:.1f}"
+    assert ref._median(runs[1:], "env_steps_to_threshold") == "not reached (median)"
+    out = str(tmp_path / "r")
+    os.makedirs(out)
+    with open(os.path.join(out, "published_reference.json"), "w") as f:
+        json.dump(dict(runs=runs), f)
+    ref.main(["--rewrite", "--out", out, "--quiet"])
+    with open(os.path.join(out, "published_reference.md")) as f:
+        assert "| SAC | 3 | 10 600 | 20.4 | 10.8 |" in f.read()
 
 
 def test_ppo_env_reports_raw_returns(ref):
