@@ -19,6 +19,7 @@ import gc
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Protocol
 
 import torch
@@ -69,6 +70,11 @@ class Runner(Protocol):
 
     def release(self, handle: Any) -> None: ...
 
+    def pool_in_use(self) -> bool:
+        """Whether the shared pool holds a graph: a graph captured into it now may find
+        its memory where an earlier graph keeps its temporaries (see ``capture``)."""
+        ...
+
 
 class EagerRunner:
     """No graphs: the function runs at every call."""
@@ -84,6 +90,9 @@ class EagerRunner:
     def release(self, handle: Any) -> None:
         pass
 
+    def pool_in_use(self) -> bool:
+        return False
+
     def debug_dump(self, handle: Any, path: str, owner: str) -> None:
         raise GraphStateError(f"{owner} records no CUDA graph (backend {type(self).__name__}): "
                               "there is no graph structure to dump; use backend='cuda' on a GPU.")
@@ -93,7 +102,7 @@ class SimulatedHandle:
     """A simulated graph: ``refresh()`` re-runs the function and updates the static results.
     ``alone``: captured where a real graph would have a pool of its own (tests read it)."""
 
-    __slots__ = ("refresh", "alone")
+    __slots__ = ("refresh", "alone", "__weakref__")
 
     def __init__(self, alone: bool = False) -> None:
         self.refresh: Callable[[], None] | None = None
@@ -105,6 +114,9 @@ class SimulatedRunner(EagerRunner):
 
     captures = True
 
+    def __init__(self) -> None:
+        self._shared: weakref.WeakSet = weakref.WeakSet()  # live handles a real graph would have in the pool
+
     def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> tuple[Any, Any]:
         start = time.perf_counter()
         _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
@@ -115,10 +127,21 @@ class SimulatedRunner(EagerRunner):
         finally:
             _LOCAL.depth -= 1
         self.capture_seconds = time.perf_counter() - start
-        return SimulatedHandle(bool(alone) and beside is None), out
+        # as CudaRunner: alone only while the pool holds a graph; a twin shares its first's pool
+        own = bool(alone) and beside is None and self.pool_in_use()
+        handle = SimulatedHandle(own)
+        if not own and (beside is None or not getattr(beside, "alone", False)):
+            self._shared.add(handle)
+        return handle, out
 
     def replay(self, handle: SimulatedHandle) -> None:
         handle.refresh()
+
+    def release(self, handle: Any) -> None:
+        self._shared.discard(handle)
+
+    def pool_in_use(self) -> bool:
+        return len(self._shared) > 0
 
 
 class CudaRunner:
@@ -312,6 +335,9 @@ class CudaRunner:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="DEBUG: calling")
             graph.debug_dump(path)
+
+    def pool_in_use(self) -> bool:
+        return _LIVE.get(self.pool, 0) > 0
 
     def release(self, graph: Any) -> None:
         if graph is None:

@@ -51,9 +51,26 @@ from typing import Any
 
 import torch
 
-__all__ = ["Lender", "OUTPUT_SETS", "available"]
+__all__ = ["LEND_LATER", "Lender", "OUTPUT_SETS", "available"]
 
 OUTPUT_SETS = 3  # output buffer sets of one call at most (the first graph and two twins)
+
+
+class _LendLater:
+    """The lender of a graph that returns copies until its call is captured again to lend
+    (a new signature's graph in a pool that already held one, see ``CudaGraphModule._capture``):
+    always busy, so that its next replay goes to the wrapper, which makes that capture."""
+
+    __slots__ = ()
+
+    def busy(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "LEND_LATER"
+
+
+LEND_LATER = _LendLater()
 
 Tensor = torch.Tensor
 

@@ -34,7 +34,7 @@ from ._entry import Entry
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import describe_spec, mismatch_error
 from ._grad import tracks_grad
-from ._lend import OUTPUT_SETS
+from ._lend import LEND_LATER, OUTPUT_SETS
 from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import leaf_keys, mode_reader, read_call, record
@@ -402,10 +402,17 @@ class CudaGraphModule(WrapperSurface):
             self._state = State.EAGER
             self._stats.eager_calls += 1
             return self.module(*args, **kwargs)
+        # outputs="safe" where the pool already holds a graph (another signature's, another
+        # wrapper's): results lent from this capture's memory could sit where that graph
+        # writes its temporaries. This call returns copies; the next one captures it again
+        # with its results copied out of the pool (a twin of it, see _twin), which lends them.
+        lend = self._lend
+        lend_later = lend and not self._layer_hint and self._runner.pool_in_use()
         try:
             entry, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
-                              leaves=leaves, mode=mode, clone=self._clone, lend=self._lend, texts=texts, objs=objs,
-                              eager_keys=self._warm_keys if not self._entries else None, alone=self._layer_hint)
+                              leaves=leaves, mode=mode, clone=self._clone, lend=lend and not lend_later, texts=texts,
+                              objs=objs, eager_keys=self._warm_keys if not self._entries else None,
+                              alone=self._layer_hint)
         except CaptureError as err:
             if err.cause != USER_ERROR:
                 return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs)
@@ -426,7 +433,12 @@ class CudaGraphModule(WrapperSurface):
                  1e3 * self._runner.capture_seconds, len(self._entries))
         if entry.plan.lender is not None:
             entry.renew = self._renewer()
-        return entry.finish(leaves, objs, tree)
+        out = entry.finish(leaves, objs, tree)
+        if lend_later and entry.layer is None and entry.plan.graph:
+            # its next replay finds the results "held" and renews (_renew): the lending capture
+            entry.plan.lender = LEND_LATER
+            entry.renew = self._renewer()
+        return out
 
     def _renewer(self) -> Callable[..., Any]:
         """What an entry lending its outputs calls when the caller still holds them
@@ -447,6 +459,8 @@ class CudaGraphModule(WrapperSurface):
         buffers nobody holds. Up to :data:`OUTPUT_SETS` sets, a new one (a *twin*); past
         that, a graph returning copies replaces them all (a loop that keeps that many
         results keeps results)."""
+        if entry.plan.lender is LEND_LATER:
+            return self._capture_lending(entry, leaves, objs, tree)
         if entry.held_eager:
             return self._eager_while_held(tree)
         if not entry.sets_done and 1 + len(entry.others) < OUTPUT_SETS:
@@ -456,13 +470,15 @@ class CudaGraphModule(WrapperSurface):
             entry.sets_done = True
         return self._capture_copying(entry, leaves, objs, tree)
 
-    def _record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool) -> Entry:
+    def _record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None = None) -> Entry:
         """``entry``'s call captured again: a twin (``lend``), or a graph returning copies.
 
         A twin copies its results, inside its graph, into buffers of its own beside
         ``entry``'s graph (``_twin``); a layer's twin, whose activations must outlive the
-        replay until its backward, is a whole capture in a pool of its own."""
-        like = entry if lend and entry.layer is None and entry.plan.lender is not None else None
+        replay until its backward, is a whole capture in a pool of its own. ``like``: the
+        graph whose results the copies are laid out as (default: ``entry``, if it lends)."""
+        if like is None:
+            like = entry if lend and entry.layer is None and entry.plan.lender is not None else None
         return record(owner=self._owner, module=self.module, runner=self._runner, layout=entry.spec.layout,
                       leaves=list(leaves), mode=entry.mode, clone=True, lend=lend, texts=entry.texts,
                       objs=objs, alone=entry.layer is not None, like=like)[0]
@@ -500,6 +516,31 @@ class CudaGraphModule(WrapperSurface):
         log.info("%s: captured another output set in %.1f ms (results of the last call were still held)",
                  self._owner, 1e3 * self._runner.capture_seconds)
         return twin.finish(leaves, objs, tree)
+
+    def _capture_lending(self, entry: Entry, leaves, objs, tree) -> Any:
+        """``entry`` returns copies, captured in a pool that held another graph (see _capture):
+        capture its call again, in the same pool, with its results copied out of the pool
+        into buffers of its own, and lend those from now on. If that fails, ``entry`` stays,
+        returning copies."""
+        entry.plan.lender = None
+        try:
+            lending = self._record_again(entry, leaves, objs, lend=True, like=entry)
+        except Exception as err:  # noqa: BLE001 - entry is still good: it returns copies
+            log.info("%s: results stay copies (%s)", self._owner,
+                     str(err).splitlines()[0] if str(err) else type(err).__name__)
+            collect_before_next_capture()
+            return entry._replay(leaves, objs, tree)
+        if lending.plan.lender is None:
+            lending.release()
+            return entry._replay(leaves, objs, tree)
+        self._stats.lending_captures += 1
+        lending.renew = entry.renew
+        lending.capture_bytes = self._runner.capture_bytes + _buffer_bytes(lending.plan.graph)
+        self._entries[self._entries.index(entry)] = lending
+        entry.release()  # it returned copies: nothing of its memory is lent
+        log.info("%s: captured again in %.1f ms to lend its results from buffers outside the shared pool",
+                 self._owner, 1e3 * self._runner.capture_seconds)
+        return lending.finish(leaves, objs, tree)
 
     def _capture_copying(self, entry: Entry, leaves, objs, tree) -> Any:
         """The caller holds results of every output set of ``entry``: capture the call once

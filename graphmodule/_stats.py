@@ -32,6 +32,10 @@ class GraphStats:
             that the sets alternate instead of copying (at most two per call).
         copy_recaptures: graphs captured once more to return copies (``outputs="safe"``):
             the caller held results of all three output sets of a call at once.
+        lending_captures: graphs of a new signature captured a second time to lend their
+            results (``outputs="safe"``, in a pool that already held a graph: the first
+            capture returned copies; the second copies its results, inside the graph,
+            into buffers outside the pool, which it lends).
         twin_bytes: device memory the twin captures added: their output buffers (allocated
             outside any graph pool) and what their captures added to the pool (usually
             nothing: a twin reuses the memory of the first capture's temporaries).
@@ -63,6 +67,7 @@ class GraphStats:
     capture_seconds: float = 0.0
     twin_captures: int = 0
     copy_recaptures: int = 0
+    lending_captures: int = 0
     twin_bytes: int = 0
     graph_bytes: tuple[int, ...] = ()
 
