@@ -31,8 +31,8 @@ ON = [False]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def timed(owner, name: str, label: str) -> None:
-    fn = getattr(owner, name)
+def timing(fn, label: str):
+    """``fn``, its time added to ``ACC[label]`` while the measured part runs."""
 
     def inner(*a, **k):
         if not ON[0]:
@@ -43,7 +43,11 @@ def timed(owner, name: str, label: str) -> None:
         finally:
             ACC[label] += time.perf_counter() - t0
 
-    setattr(owner, name, inner)
+    return inner
+
+
+def timed(owner, name: str, label: str) -> None:
+    setattr(owner, name, timing(getattr(owner, name), label))
 
 
 def gc_timer(phase: str, info: dict) -> None:
@@ -85,21 +89,10 @@ def main() -> None:
             ACC.clear()
             wrap = common.make_wrap(wrapper)
             built = wrap.built
-            calls = defaultdict(float)
 
             def wrap_timed(fn, _wrap=wrap, **kw):
                 inner = _wrap(fn, **kw)
-                label = f"call {len(built) - 1}"
-
-                def call(*a, **k):
-                    if not ON[0]:
-                        return inner(*a, **k)
-                    t0 = time.perf_counter()
-                    try:
-                        return inner(*a, **k)
-                    finally:
-                        ACC[label] += time.perf_counter() - t0
-                return call
+                return timing(inner, f"call {len(built) - 1}")
 
             timing = getattr(mod, f"run_{args.program}")(wrap_timed, steps=args.steps, device=DEVICE, seed=0)["timing"]
             n = timing["steps"]
