@@ -31,7 +31,7 @@ ON = [False]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def timing(fn, label: str):
+def timer(fn, label: str):
     """``fn``, its time added to ``ACC[label]`` while the measured part runs."""
 
     def inner(*a, **k):
@@ -47,7 +47,7 @@ def timing(fn, label: str):
 
 
 def timed(owner, name: str, label: str) -> None:
-    setattr(owner, name, timing(getattr(owner, name), label))
+    setattr(owner, name, timer(getattr(owner, name), label))
 
 
 def gc_timer(phase: str, info: dict) -> None:
@@ -92,7 +92,7 @@ def main() -> None:
 
             def wrap_timed(fn, _wrap=wrap, **kw):
                 inner = _wrap(fn, **kw)
-                return timing(inner, f"call {len(built) - 1}")
+                return timer(inner, f"call {len(built) - 1}")
 
             timing = getattr(mod, f"run_{args.program}")(wrap_timed, steps=args.steps, device=DEVICE, seed=0)["timing"]
             n = timing["steps"]
