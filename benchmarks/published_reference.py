@@ -587,18 +587,31 @@ def derive(r: dict) -> dict:
     steps = r["env_steps_to_threshold"] if r["reached"] else None
     r["est_published_seconds_to_threshold"] = round(steps / sps, 1) if steps is not None else None
     r["est_published_seconds_learning_phase"] = round(max(steps - warm, 0) / sps, 1) if steps is not None else None
+    rets = [ret for _, ret in r.get("episodes", [])]
+    w = r["window"]
+    r["best_window_mean"] = (round(max(sum(rets[i - w:i]) / w for i in range(w, len(rets) + 1)), 1)
+                             if len(rets) >= w else None)
     return r
 
 
+def _bound(r: dict, key: str) -> float:
+    """What an unreached run says about the published time: more than its steps at the published rate."""
+    warm = r["hyperparameters"].get("learning_starts", 0) if key == "est_published_seconds_learning_phase" else 0
+    return max(r["env_steps_run"] - warm, 0) / r["published_steps_per_s"]
+
+
 def _median(runs: list[dict], key: str) -> str:
-    """Median of a run's field over seeds; an unreached run counts as more than any reached one."""
+    """Median of a run's field over seeds; an unreached run counts as more than any reached one
+    (a median that falls on unreached runs reads "> " the least of their bounds)."""
     vals = sorted(r[key] if r["reached"] else math.inf for r in runs)
     if not vals:
         return "-"
     n = len(vals)
     mid = vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
     if math.isinf(mid):
-        return "not reached (median)" if key == "env_steps_to_threshold" else "-"
+        if key == "env_steps_to_threshold":
+            return "not reached (median)"
+        return f"> {min(_bound(r, key) for r in runs if not r['reached']):.1f}"
     return f"{mid:,.0f}".replace(",", " ") if key == "env_steps_to_threshold" else f"{mid:.1f}"
 
 
@@ -615,20 +628,22 @@ def markdown(runs: list[dict]) -> str:
         "TD3 those rates are the learning phase's (LeanRL starts its speed counter after `learning_starts`: "
         "5 000 and 25 000 random-action steps without updates, which run faster at a rate not published), "
         "so the published time lies between *all steps* (every step at the published rate) and "
-        "*learning phase* (the warm-up counted as free); for PPO the two are equal."
+        "*learning phase* (the warm-up counted as free); for PPO the two are equal. A run that did not reach "
+        "the threshold bounds the published time from below: more than its env steps at the published rate."
         + (" **Smoke run: not a measurement.**" if runs[0]["smoke"] else ""),
         "",
         "| algorithm | seed | env steps to threshold | episodes | est. published time (s), all steps "
-        "| learning phase only (s) | env steps run | wall here (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| learning phase only (s) | best mean of {win} | env steps run | wall here (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     fmt = lambda n: f"{n:,}".replace(",", " ")
     for r in runs:
         steps = fmt(r["env_steps_to_threshold"]) if r["reached"] else f"not reached by {fmt(r['cap'])}"
-        est = f"{r['est_published_seconds_to_threshold']:.1f}" if r["reached"] else "-"
-        learn = f"{r['est_published_seconds_learning_phase']:.1f}" if r["reached"] else "-"
+        est, learn = (f"{r[k]:.1f}" if r["reached"] else f"> {_bound(r, k):.1f}"
+                      for k in ("est_published_seconds_to_threshold", "est_published_seconds_learning_phase"))
         eps = str(r["episodes_to_threshold"]) if r["reached"] else "-"
-        lines.append(f"| {r['algo'].upper()} | {r['seed']} | {steps} | {eps} | {est} | {learn} "
+        best = "-" if r.get("best_window_mean") is None else f"{r['best_window_mean']:.0f}"
+        lines.append(f"| {r['algo'].upper()} | {r['seed']} | {steps} | {eps} | {est} | {learn} | {best} "
                      f"| {fmt(r['env_steps_run'])} | {r['wall_s']:.0f} |")
     lines += ["", "| algorithm | seeds | median env steps | median est. published time (s), all steps "
               "| learning phase only (s) |", "|---|---|---|---|---|"]
@@ -665,8 +680,12 @@ def write(out: str, new_runs: list[dict]) -> tuple[str, str]:
         gymnasium=__import__("gymnasium").__version__, numpy=np.__version__,
         runs=runs,
     )
+    # one line per run's episode list: [[env steps at the episode's end, raw return], ...]
+    text = json.dumps(dict(doc, runs=[dict(r, episodes=f"@episodes{i}@") for i, r in enumerate(runs)]), indent=1)
+    for i, r in enumerate(runs):
+        text = text.replace(f'"@episodes{i}@"', json.dumps(r["episodes"], separators=(",", ":")), 1)
     with open(jpath, "w") as f:
-        json.dump(doc, f, indent=1)
+        f.write(text)
     with open(mpath, "w") as f:
         f.write(markdown(runs))
     return jpath, mpath

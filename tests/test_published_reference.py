@@ -51,7 +51,7 @@ def test_smoke_runs_and_writes(ref, tmp_path):
     assert len(doc["runs"]) == 3 and doc["published_steps_per_s"] == {"ppo": 1800.0, "sac": 520.0, "td3": 650.0}
     with open(os.path.join(out, "published_reference.md")) as f:
         md = f.read()
-    assert "| SAC | 0 | not reached by 300 |" in md and "| PPO | 1 | not reached (median) | - | - |" in md
+    assert "| SAC | 0 | not reached by 300 |" in md and "| PPO | 1 | not reached (median) | > 0.3 | > 0.3 |" in md
     assert "Smoke run" in md
 
     # a later invocation adds its runs to the folder's; other settings are refused
@@ -82,13 +82,16 @@ def test_median_and_rewrite(ref, tmp_path):
         r = dict(algo="sac", seed=seed, smoke=False, threshold=-200.0, window=10, cap=60000,
                  reached=steps is not None, env_steps_to_threshold=steps, episodes_to_threshold=None,
                  env_steps_run=steps or 60000, wall_s=1.0, published_steps_per_s=520.0,
-                 hyperparameters=dict(learning_starts=5000))
+                 hyperparameters=dict(learning_starts=5000), episodes=[])
         runs.append(ref.derive(r))
     # the unreached seed counts as slower than both reached ones
     assert ref._median(runs, "env_steps_to_threshold") == "10 600"
     assert ref._median(runs, "est_published_seconds_to_threshold") == "20.4"
     assert ref._median(runs, "est_published_seconds_learning_phase") == f"{5600 / 520:.1f}"
     assert ref._median(runs[1:], "env_steps_to_threshold") == "not reached (median)"
+    # ... and then bounds the published time from below: its 60 000 steps at 520/s (minus the warm-up)
+    assert ref._median(runs[1:], "est_published_seconds_to_threshold") == "> 115.4"
+    assert ref._median(runs[1:], "est_published_seconds_learning_phase") == f"> {55000 / 520:.1f}"
     out = str(tmp_path / "r")
     os.makedirs(out)
     with open(os.path.join(out, "published_reference.json"), "w") as f:
