@@ -471,17 +471,38 @@ class CudaGraphModule(WrapperSurface):
         return self._capture_copying(entry, leaves, objs, tree)
 
     def _record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None = None) -> Entry:
-        """``entry``'s call captured again: a twin (``lend``), or a graph returning copies.
+        """``entry``'s call captured again: a lending one (``lend``), or a graph returning copies.
 
-        A twin copies its results, inside its graph, into buffers of its own beside
-        ``entry``'s graph (``_twin``); a layer's twin, whose activations must outlive the
-        replay until its backward, is a whole capture in a pool of its own. ``like``: the
-        graph whose results the copies are laid out as (default: ``entry``, if it lends)."""
-        if like is None:
-            like = entry if lend and entry.layer is None and entry.plan.lender is not None else None
+        A lending capture copies its results, inside its graph, into buffers of its own
+        beside ``like``'s graph, laid out as ``like``'s results (``_twin``); a layer's, whose
+        activations must outlive the replay until its backward, is a whole capture in a pool
+        of its own."""
+        if entry.layer is not None:
+            like = None
         return record(owner=self._owner, module=self.module, runner=self._runner, layout=entry.spec.layout,
                       leaves=list(leaves), mode=entry.mode, clone=True, lend=lend, texts=entry.texts,
                       objs=objs, alone=entry.layer is not None, like=like)[0]
+
+    def _record_lending(self, entry: Entry, leaves, objs, failed: str) -> Entry | None:
+        """``entry``'s call captured again beside it, its results copied into buffers of its
+        own, which it lends; ``None`` (logged as ``failed``) if that capture failed or cannot
+        lend (the caller keeps ``entry``)."""
+        try:
+            lending = self._record_again(entry, leaves, objs, lend=True, like=entry)
+        except Exception as err:  # noqa: BLE001 - entry's graph is still good
+            log.info("%s: %s (%s)", self._owner, failed, str(err).splitlines()[0] if str(err) else type(err).__name__)
+            collect_before_next_capture()
+            return None
+        if lending.plan.lender is None:
+            lending.release()
+            return None
+        lending.renew = entry.renew
+        return lending
+
+    def _lending_bytes(self, lending: Entry) -> int:
+        """What a lending capture costs: its output buffers (outside any pool), and what the
+        capture added to the pool."""
+        return self._runner.capture_bytes + _buffer_bytes(lending.plan.graph)
 
     def _capture_twin(self, entry: Entry, leaves, objs, tree) -> Any:
         """The same call captured again, with buffers of its own; its result, or ``_NOTHING``
@@ -491,20 +512,11 @@ class CudaGraphModule(WrapperSurface):
         state as the twin's capture made it, which ``entry``'s graphs do not read: the twin
         then replaces them, and no set is added again.
         """
-        try:
-            twin = self._record_again(entry, leaves, objs, lend=True)
-        except Exception as err:  # noqa: BLE001 - the first capture of this call is still good
-            log.info("%s: no further output set (%s)", self._owner,
-                     str(err).splitlines()[0] if str(err) else type(err).__name__)
-            collect_before_next_capture()
-            return _NOTHING
-        if twin.plan.lender is None:
-            twin.release()
+        twin = self._record_lending(entry, leaves, objs, "no further output set")
+        if twin is None:
             return _NOTHING
         self._stats.twin_captures += 1
-        # its output buffers (outside any pool), and what its capture added to the pool
-        self._stats.twin_bytes += self._runner.capture_bytes + _buffer_bytes(twin.plan.graph)
-        twin.renew = entry.renew
+        self._stats.twin_bytes += self._lending_bytes(twin)
         if not entry.watch.check():
             twin.sets_done = True
             self._entries[self._entries.index(entry)] = twin
@@ -523,19 +535,11 @@ class CudaGraphModule(WrapperSurface):
         into buffers of its own, and lend those from now on. If that fails, ``entry`` stays,
         returning copies."""
         entry.plan.lender = None
-        try:
-            lending = self._record_again(entry, leaves, objs, lend=True, like=entry)
-        except Exception as err:  # noqa: BLE001 - entry is still good: it returns copies
-            log.info("%s: results stay copies (%s)", self._owner,
-                     str(err).splitlines()[0] if str(err) else type(err).__name__)
-            collect_before_next_capture()
-            return entry._replay(leaves, objs, tree)
-        if lending.plan.lender is None:
-            lending.release()
+        lending = self._record_lending(entry, leaves, objs, "results stay copies")
+        if lending is None:
             return entry._replay(leaves, objs, tree)
         self._stats.lending_captures += 1
-        lending.renew = entry.renew
-        lending.capture_bytes = self._runner.capture_bytes + _buffer_bytes(lending.plan.graph)
+        lending.capture_bytes = self._lending_bytes(lending)
         self._entries[self._entries.index(entry)] = lending
         entry.release()  # it returned copies: nothing of its memory is lent
         log.info("%s: captured again in %.1f ms to lend its results from buffers outside the shared pool",

@@ -119,8 +119,9 @@ def record(
 
     ``alone``: capture in memory no other graph writes, as for lent outputs (a graph that is
     likely a layer: its activations must outlive the replay, until its backward).
-    ``like``: a lending graph of this call whose twin this is: captured beside it, copying its
-    results into buffers of its own, laid out as ``like``'s (see ``_twin``).
+    ``like``: a graph of this call (lending, or returning copies until it is captured again to
+    lend): captured beside it, copying its results into buffers of its own, laid out as
+    ``like``'s (see ``_twin``).
 
     Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
     for an effect or output a replay could not reproduce (the graph is released then).

@@ -321,10 +321,10 @@ def test_calls_run_eagerly_where_no_copying_graph_can_be_captured(graph_backend,
     g = _captured(f, torch.zeros(4), backend=graph_backend)
     record_again = g._record_again
 
-    def failing(entry, leaves, objs, lend):
+    def failing(entry, leaves, objs, lend, **kwargs):
         if not lend:
             raise RuntimeError("no memory for a copying graph")
-        return record_again(entry, leaves, objs, lend)
+        return record_again(entry, leaves, objs, lend, **kwargs)
 
     monkeypatch.setattr(g, "_record_again", failing)
     xs = [torch.full((4,), float(i)) for i in range(6)]
