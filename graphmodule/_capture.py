@@ -49,9 +49,27 @@ def collect_before_next_capture() -> None:
     _FAILED[0] = True
 
 
+# captures in progress in any thread, simulated ones included: while it is 0 no thread is
+# capturing, and a call skips the thread-local read (``_DEPTH[0] and capturing()``)
+_DEPTH = [0]
+_DEPTH_LOCK = threading.Lock()
+
+
 def capturing() -> bool:
     """Whether this thread is inside a graphmodule capture (a wrapper called there runs inline)."""
     return getattr(_LOCAL, "depth", 0) > 0
+
+
+def _enter() -> None:
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+    with _DEPTH_LOCK:
+        _DEPTH[0] += 1
+
+
+def _leave() -> None:
+    _LOCAL.depth -= 1
+    with _DEPTH_LOCK:
+        _DEPTH[0] -= 1
 
 
 class Runner(Protocol):
@@ -119,13 +137,13 @@ class SimulatedRunner(EagerRunner):
 
     def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> tuple[Any, Any]:
         start = time.perf_counter()
-        _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+        _enter()
         try:
             out = body()
         except BaseException as exc:  # as a real capture reports a failing function
             raise diagnose(owner, exc) from exc
         finally:
-            _LOCAL.depth -= 1
+            _leave()
         self.capture_seconds = time.perf_counter() - start
         # as CudaRunner: alone only while the pool holds a graph; a twin shares its first's pool
         own = bool(alone) and beside is None and self.pool_in_use()
@@ -266,7 +284,7 @@ class CudaRunner:
                 end_error: BaseException | None = None
                 out = None
                 self.stream.wait_stream(caller)
-                _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+                _enter()
                 empty = False
                 try:
                     with torch.cuda.stream(self.stream):
@@ -289,7 +307,7 @@ class CudaRunner:
                                 except BaseException as exc:  # noqa: BLE001
                                     end_error = exc
                 finally:
-                    _LOCAL.depth -= 1
+                    _leave()
                 caller.wait_stream(self.stream)
                 if body_error is not None or end_error is not None:
                     original = body_error if body_error is not None else end_error

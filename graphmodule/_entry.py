@@ -60,6 +60,7 @@ class Entry:
         self.requires, self.layouts = effects.requires, effects.layouts
         self.result_refs = [r for r in ref_recipes(out_recipe) if r[1][0] != "slot_obj"] if effects.ops else []
         self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
+        self.plain = layer is None and not self.extra_checks  # extra_ok has nothing to check
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
             and layer is None

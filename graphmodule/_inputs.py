@@ -174,9 +174,17 @@ class StaticInputs:
         self.identity_copy = copy_srcs == self.tensor_index and not self.spans and self.copy_groups is None
         self.all_tensors = len(self.tensor_index) == len(self.leaves)
         self.buffers = [self.leaves[i] for i in self.tensor_index]
+        # one buffer and nothing else (a policy's observation): copied without the lists
+        self._one = (copy_dests[0], copy_srcs[0]) if len(copy_dests) == 1 and not self.spans else None
 
     def copy_from(self, leaves: Any) -> None:
         """Copy a call's tensor leaves into the buffers (one foreach launch, plus spans)."""
+        one = self._one
+        if one is not None:
+            source = leaves[one[1]]
+            if source is not one[0]:  # (a producer wrote straight into the buffer)
+                one[0].copy_(source)
+            return
         if self.copy_groups is not None:
             for dests, srcs in self.copy_groups:
                 _copy(dests, [leaves[i] for i in srcs])

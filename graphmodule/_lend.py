@@ -147,17 +147,23 @@ class Lender:
                 groups.setdefault(t.untyped_storage()._cdata, []).append((j, t))
         self.groups = [_Group(members) for members in groups.values()]
         self.n = len(graph)
+        # the common case (one storage), read without a call per group
+        self._one = self.groups[0] if len(self.groups) == 1 else None
+        self._first = self.groups[0].templates[0][1] if self.groups else None
 
     def busy(self) -> bool:
         """Whether a caller still holds a result lent by the last replay."""
-        groups = self.groups
-        if len(groups) == 1:  # the common case, without a generator
-            return groups[0].held()
-        return any(g.held() for g in groups)
+        one = self._one
+        if one is not None:
+            return _use_count(one.cdata) != one.base
+        return any(g.held() for g in self.groups)
 
     def single(self) -> Tensor:
-        """The lent result of a graph with one output."""
-        return self.groups[0].templates[0][1].detach()
+        """The lent result of a graph with one output (a clone if it has no memory)."""
+        first = self._first
+        if first is None:
+            return self.inert[0][1].clone()
+        return first.detach()
 
     def values(self) -> list[Any]:
         out: list[Any] = [None] * self.n

@@ -27,7 +27,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
 
-from ._capture import capturing, collect_before_next_capture, make_runner
+from ._capture import _DEPTH, capturing, collect_before_next_capture, make_runner
 from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys, sorted_kwargs
 from ._entry import Entry
@@ -285,10 +285,27 @@ class CudaGraphModule(WrapperSurface):
         return self._run((tensordict, *args), kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
+        # The hot path: the most recent graph's checks, then its replay (one frame here, the
+        # rest in Entry.replay); anything else goes to _slow.
         with self._lock:
             if get_ident() != self._thread:
                 self._switch_thread()
-            return self._run_locked(args, kwargs)
+            entries = self._entries
+            if entries:
+                entry = entries[0]
+                if kwargs and self._sort_kwargs:
+                    kwargs = sorted_kwargs(kwargs)
+                split = entry.spec.match(args, kwargs)
+                if (
+                    split is not None
+                    and self._mode.read() == entry.mode
+                    and entry.watch.check()
+                    and (entry.plain or entry.extra_ok(split[0], split[1]))
+                    and not (_DEPTH[0] and capturing())
+                ):
+                    self._stats.replays += 1
+                    return entry.replay(split[0], split[1], (args, kwargs))
+            return self._slow(args, kwargs)
 
     def _switch_thread(self) -> None:
         """Another thread calls: order its stream after the last caller's, whose replay and
@@ -301,24 +318,6 @@ class CudaGraphModule(WrapperSurface):
         if self._stream is not None and self._stream != stream:
             stream.wait_stream(self._stream)
         self._stream = stream
-
-    def _run_locked(self, args: tuple, kwargs: dict) -> Any:
-        entries = self._entries
-        if entries:
-            entry = entries[0]
-            if kwargs and self._sort_kwargs:
-                kwargs = sorted_kwargs(kwargs)
-            split = entry.spec.match(args, kwargs)
-            if (
-                split is not None
-                and self._mode.read() == entry.mode
-                and entry.watch.check()
-                and entry.extra_ok(split[0], split[1])
-                and not capturing()
-            ):
-                self._stats.replays += 1
-                return entry.replay(split[0], split[1], (args, kwargs))
-        return self._slow(args, kwargs)
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
         if capturing():  # called inside another wrapper's capture: record inline into it

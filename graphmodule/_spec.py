@@ -146,6 +146,13 @@ class InputSpec:
         if self.n_positional == len(args) and not kwargs:
             # positional tensors only, as captured: the arguments are the leaves; a
             # non-tensor among them fails the tensor check
+            guard = self._guard
+            if guard is not None and self.all_tensors:  # (matches' first step, inline)
+                try:
+                    if guard.check(*args):
+                        return args, NO_TDS
+                except TypeError:
+                    return None
             if self.matches(args):
                 return args, NO_TDS
             return None

@@ -146,3 +146,33 @@ def test_eager_policy_warns_once_then_runs_eagerly_with_checks(make):
     assert g.state == "eager" and g.stats.eager_calls == 4 and g.stats.capture_failures == 1
     with pytest.raises(ValueError, match="expected shape"):
         g(torch.ones(2))
+
+
+def test_a_wrapper_called_inside_another_capture_runs_inline_and_the_count_returns_to_zero(make):
+    """The per-call check reads the process-wide count of captures first (``_DEPTH``): a
+    captured wrapper called while another captures must still run its function inline (its
+    replay would not be part of the outer graph), and the count must fall back to 0 after a
+    capture, a failed one included (else every call pays the thread-local read)."""
+    from graphmodule import _capture
+
+    inner = make(lambda x: x * 2, warmup=1)
+    x = torch.ones(2)
+    for _ in range(3):
+        inner(x)
+    assert inner.stats.captures == 1
+
+    outer = make(lambda x: inner(x) + 1, warmup=1)
+    for _ in range(3):
+        torch.testing.assert_close(outer(x), x * 2 + 1)
+    assert outer.stats.captures == 1 and inner.stats.inline_calls >= 1
+    assert _capture._DEPTH[0] == 0 and not _capture.capturing()
+
+    fn, _ = _failing("CUDA error: operation not permitted when stream is capturing")
+    g = make(fn, warmup=1)
+    g(torch.zeros(1))
+    with pytest.raises(CaptureError):
+        g(torch.zeros(1))
+    assert _capture._DEPTH[0] == 0 and not _capture.capturing()
+    replays = inner.stats.replays
+    inner(x)
+    assert inner.stats.replays == replays + 1

@@ -54,6 +54,22 @@ def test_a_dropped_result_is_not_copied(graph_backend):
     assert _entry(g).plan.lender is lender
 
 
+def test_a_lone_result_without_elements_is_returned_as_eagerly(graph_backend):
+    # one output with no memory: nothing to lend (it crashed at the first replay before)
+    def empty(x):
+        return x[:0] * 2
+
+    g = _captured(empty, torch.ones(3), backend=graph_backend)
+    kept = []
+    for i in range(4):
+        x = torch.full((3,), float(i))
+        out = g(x)
+        want = empty(x)
+        assert out.shape == want.shape and out.dtype == want.dtype and out.device == want.device
+        kept.append(out)
+    assert g.stats.replays >= 4 and g.stats.eager_calls == 0
+
+
 def test_a_kept_result_keeps_its_value(graph_backend):
     g = _captured(f, torch.zeros(4), backend=graph_backend)
     xs = [torch.full((4,), float(i)) for i in range(40)]
