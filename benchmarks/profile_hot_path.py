@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import os
 import pstats
 import re
@@ -99,6 +100,45 @@ def profile_text(fn, args: tuple, calls: int, top: int = 12) -> str:
     return portable_paths("\n".join(line for line in lines if line.strip()))
 
 
+def lookup_rows(case) -> list:
+    """A wrapper holding several graphs (``max_graphs``), called with one signature, with two
+    alternating and with four in turn (batch 1, 2, 4, 8 of the workload's one tensor), per
+    call; and the floor for alternating: two hand-captured graphs, copy+replay each."""
+    if case.kwargs or len(case.args) != 1 or not isinstance(case.args[0], torch.Tensor):
+        return []
+    x = case.args[0]
+    xs = [torch.randn(b, *x.shape[1:], device=x.device, dtype=x.dtype) for b in (1, 2, 4, 8)]
+    g = CudaGraphModule(case.fn, warmup=2, max_graphs=4)
+    for _ in range(4):
+        for each in xs:
+            g(each)
+    graphs = []
+    for each in xs[:2]:
+        static = each.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            case.fn(static)
+        graphs.append((graph, static, each))
+    turn = [0]
+
+    def floor_two():
+        graph, static, each = graphs[turn[0] & 1]
+        turn[0] += 1
+        static.copy_(each)
+        graph.replay()
+
+    def cycling(seq):
+        it = itertools.cycle(seq)
+        return lambda: g(next(it))
+
+    return [
+        ("floor: 2 graphs alternating", floor_two),
+        ("max_graphs=4, one signature", lambda: g(xs[0])),
+        ("max_graphs=4, 2 alternating", cycling(xs[:2])),
+        ("max_graphs=4, 4 in turn", cycling(xs)),
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=2000)
@@ -137,6 +177,7 @@ def main():
                 for _ in range(4):
                     g(*case.args)
                 rows.append((f"graphmodule {mode}", lambda g=g: g(*case.args)))
+            rows += lookup_rows(case)
             for label, fn in rows:
                 fn()
                 print(f"  {label:34s} wall {per_call(fn, n):7.2f} us   host {per_call(fn, n, wait=False):7.2f} us")

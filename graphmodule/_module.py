@@ -34,6 +34,7 @@ from ._entry import Entry
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import describe_spec, mismatch_error
 from ._grad import tracks_grad
+from ._index import CallIndex, call_key
 from ._lend import LEND_LATER, OUTPUT_SETS
 from ._options import Options, State
 from ._paths import user_stacklevel
@@ -182,6 +183,7 @@ class CudaGraphModule(WrapperSurface):
 
     def _reset_state(self) -> None:
         self._entries: list[Entry] = []  # most recently used first
+        self._index = CallIndex()  # which entry calls of other shapes or modes matched last
         self._state = State.WARMUP
         self._eager_spec: InputSpec | None = None
         self._eager_mode: Any = None
@@ -296,13 +298,21 @@ class CudaGraphModule(WrapperSurface):
                 if kwargs and self._sort_kwargs:
                     kwargs = sorted_kwargs(kwargs)
                 split = entry.spec.match(args, kwargs)
+                mode = self._mode.read()
+                if (split is None or mode != entry.mode) and len(entries) > 1:
+                    # another signature: the graph calls of these shapes and modes matched last
+                    entry = self._index.find(call_key(args, kwargs, mode), entries)
+                    split = entry.spec.match(args, kwargs) if entry is not None else None
                 if (
                     split is not None
-                    and self._mode.read() == entry.mode
+                    and mode == entry.mode
                     and entry.watch.check()
                     and (entry.plain or entry.extra_ok(split[0], split[1]))
                     and not (_DEPTH[0] and capturing())
                 ):
+                    if entry is not entries[0]:
+                        entries.remove(entry)
+                        entries.insert(0, entry)
                     self._stats.replays += 1
                     return entry.replay(split[0], split[1], (args, kwargs))
             return self._slow(args, kwargs)
@@ -344,6 +354,8 @@ class CudaGraphModule(WrapperSurface):
             if found:
                 self._stats.input_mismatches += 1
                 raise InputMismatchError(self._owner, found)
+            if len(self._entries) > 1:
+                self._index.remember(call_key(args, kwargs, mode), entry, self._entries)
             self._entries.insert(0, self._entries.pop(n))
             self._stats.replays += 1
             return entry.replay(split[0], split[1], (args, kwargs))

@@ -14,6 +14,7 @@ leaf whose view the function returns is the exception, see ``OutputPlan``).
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Sequence
 
 import torch
@@ -28,6 +29,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
 __all__ = ["InputSpec", "facts", "same_constant"]
 
 Tensor = torch.Tensor
+_shape = attrgetter("shape")
 
 
 def facts(t: Tensor) -> tuple:
@@ -95,6 +97,7 @@ class InputSpec:
         self.tensor_index = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         self.const_index = tuple(i for i, leaf in enumerate(leaves) if not isinstance(leaf, Tensor))
         self.facts = tuple(facts(leaves[i]) for i in self.tensor_index)
+        self.shapes = [f[0] for f in self.facts]
         self.constants = tuple(leaves[i] for i in self.const_index)
         self.all_tensors = not self.const_index
         n = len(leaves)
@@ -147,12 +150,13 @@ class InputSpec:
             # positional tensors only, as captured: the arguments are the leaves; a
             # non-tensor among them fails the tensor check
             guard = self._guard
-            if guard is not None and self.all_tensors:  # (matches' first step, inline)
+            if guard is not None:  # (matches' first step, inline)
                 try:
                     if guard.check(*args):
                         return args, NO_TDS
                 except TypeError:
                     return None
+                return (args, NO_TDS) if self._decide(args) else None
             if self.matches(args):
                 return args, NO_TDS
             return None
@@ -190,9 +194,15 @@ class InputSpec:
                     return True
             except TypeError:  # a non-tensor where a tensor was captured
                 return False
-            # The guard also compares dispatch keys (e.g. inference-mode tensors):
-            # decide with the comparison that defines a match.
+        return self._decide(tensors)
+
+    def _decide(self, tensors: Sequence[Any]) -> bool:
+        """After the guard said no: it also compares dispatch keys (e.g. inference-mode
+        tensors), so decide with the comparison that defines a match; another shape (the
+        usual reason: another signature's call) answers first, without the facts."""
         try:
+            if list(map(_shape, tensors)) != self.shapes:
+                return False
             return all(facts(t) == f for t, f in zip(tensors, self.facts))
         except AttributeError:
             return False

@@ -1,0 +1,66 @@
+"""Which graph a call goes to when a wrapper holds several (``max_graphs > 1``).
+
+Every call first tries the most recently used graph. A call of another signature (an epoch's
+last, smaller minibatch; evaluation's batch size; a policy called in train and in eval mode)
+used to try every graph's full match in turn, the most expensive way to miss.
+:class:`CallIndex` remembers, per *call key* (the modes and each argument's ``shape``, read
+without flattening anything), the graph such a call matched last; the wrapper then runs that
+graph's full match only. The key is a hint, never a decision: a graph found through it is
+matched in full, and a key found nowhere falls back to trying every graph. Signatures that
+share a key (the same shapes, other dtypes or constants) cost that scan, never a wrong graph.
+
+    >>> import torch
+    >>> from graphmodule._index import call_key
+    >>> call_key((torch.zeros(2, 3),), {}, (True,))
+    ((True,), (torch.Size([2, 3]),), (), ())
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+__all__ = ["CallIndex", "call_key"]
+
+
+def call_key(args: tuple, kwargs: dict, mode: Any) -> tuple:
+    """What a call's graph is looked up by: the modes, then each argument's ``shape``
+    (``None`` for an argument without one), keyword names included."""
+    return (mode, tuple([getattr(a, "shape", None) for a in args]), tuple(kwargs),
+            tuple([getattr(v, "shape", None) for v in kwargs.values()]))
+
+
+class CallIndex:
+    """Call key -> the graph (an ``Entry``) a call with that key matched last.
+
+    It holds its graphs weakly and answers only with graphs the wrapper still holds, so an
+    evicted, replaced or released graph is never returned and never kept alive.
+    """
+
+    __slots__ = ("_refs",)
+
+    def __init__(self) -> None:
+        self._refs: dict[tuple, weakref.ref] = {}
+
+    def find(self, key: tuple, entries: list) -> Any:
+        """The graph of ``key`` if the wrapper still holds it (``entries``), else ``None``."""
+        try:
+            ref = self._refs.get(key)
+        except TypeError:  # an argument whose shape is not hashable
+            return None
+        if ref is None:
+            return None
+        entry = ref()
+        return entry if entry is not None and entry in entries else None
+
+    def remember(self, key: tuple, entry: Any, entries: list) -> None:
+        """``entry`` matched a call of ``key``; ``entries``: the graphs the wrapper holds."""
+        try:
+            self._refs[key] = weakref.ref(entry)
+        except TypeError:
+            return
+        if len(self._refs) > 2 * len(entries) + 8:  # forget graphs no longer held
+            self._refs = {k: r for k, r in self._refs.items() if r() is not None and r() in entries}
+
+    def __len__(self) -> int:
+        return len(self._refs)

@@ -1,0 +1,193 @@
+"""A wrapper holding several graphs finds a call's graph without trying every graph.
+
+The index is a hint (``_index.CallIndex``): every graph it names is matched in full, and a
+key it does not know falls back to trying every graph. So these tests check two things:
+the answers (against the eager function, for every call of a generated sequence of
+signatures), and that calls alternating between held graphs no longer take the wrapper's
+slow path (which tried every graph's full match in turn).
+"""
+
+import gc
+import weakref
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from graphmodule import CudaGraphModule, StaleGraphError
+from graphmodule._index import CallIndex, call_key
+
+
+def _count_slow(monkeypatch, g):
+    calls = []
+    slow = g._slow
+
+    def counted(args, kwargs):
+        calls.append(1)
+        return slow(args, kwargs)
+
+    monkeypatch.setattr(g, "_slow", counted)
+    return calls
+
+
+class TestCallIndex:
+    def test_the_key_is_the_modes_and_each_arguments_shape(self):
+        x, td_like = torch.zeros(2, 3), torch.zeros(4)
+        assert call_key((x, 1.5), {"obs": td_like}, ("m",)) == (
+            ("m",), (torch.Size([2, 3]), None), ("obs",), (torch.Size([4]),))
+
+    def test_it_answers_only_with_graphs_still_held_and_holds_none_alive(self):
+        class Entry:
+            pass
+
+        index, a, b = CallIndex(), Entry(), Entry()
+        index.remember(("k",), a, [a, b])
+        assert index.find(("k",), [a, b]) is a
+        assert index.find(("k",), [b]) is None  # evicted or replaced: not the wrapper's any more
+        assert index.find(("other",), [a, b]) is None
+        dead = weakref.ref(a)
+        del a
+        gc.collect()
+        assert dead() is None and index.find(("k",), [b]) is None
+
+    def test_an_unhashable_key_is_no_hint(self):
+        index, entry = CallIndex(), object.__new__(type("E", (), {}))
+        index.remember((["unhashable"],), entry, [entry])
+        assert index.find((["unhashable"],), [entry]) is None and len(index) == 0
+
+    def test_it_forgets_graphs_no_longer_held(self):
+        class Entry:
+            pass
+
+        index, held = CallIndex(), [Entry()]
+        for n in range(100):
+            gone = Entry()
+            index.remember((n,), gone, held + [gone])
+        index.remember(("held",), held[0], held)
+        assert len(index) <= 2 * len(held) + 8 + 1
+
+
+def _policy():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+
+
+def test_signatures_in_turn_replay_without_the_slow_path(make, monkeypatch, graph_backend):
+    net = _policy()
+    g = make(net, warmup=1, max_graphs=4, backend=graph_backend)
+    xs = [torch.randn(b, 3) for b in (1, 2, 4, 8)]
+    for _ in range(4):  # warm up, capture, and the lending captures of later signatures
+        for x in xs:
+            g(x)
+    captures = g.stats.captures
+    slow = _count_slow(monkeypatch, g)
+    replays = g.stats.replays
+    for _ in range(3):
+        for x in xs:
+            torch.testing.assert_close(g(x), net(x))
+    assert g.stats.captures == captures and g.stats.replays == replays + 12
+    assert len(slow) <= len(xs)  # at most the first call of a signature tries every graph
+
+
+def test_train_and_eval_alternating_replay_without_the_slow_path(make, monkeypatch, graph_backend):
+    net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+    for p in net.parameters():
+        p.requires_grad_(False)
+    g = make(lambda x: net(x) * (2.0 if net.training else 3.0), warmup=1, max_graphs=2, backend=graph_backend)
+    x = torch.ones(2, 3)
+    for _ in range(3):
+        for training in (True, False):
+            net.train(training)
+            g(x)
+    slow = _count_slow(monkeypatch, g)
+    for _ in range(3):
+        net.eval()
+        torch.testing.assert_close(g(x), net(x) * 3.0)
+        net.train()
+        assert g(x).shape == (2, 3)
+    assert g.stats.captures == 2 and len(slow) <= 2
+
+
+def test_signatures_sharing_shapes_still_get_their_own_graphs(make, graph_backend):
+    # the same shapes in two dtypes share a key: the hint is checked, never trusted
+    g = make(lambda x: x * 2 + 1, warmup=1, max_graphs=2, backend=graph_backend)
+    a, b = torch.ones(3), torch.ones(3, dtype=torch.float64)
+    for _ in range(5):
+        for x in (a, b):
+            out = g(x)
+            assert out.dtype == x.dtype
+            torch.testing.assert_close(out, x * 2 + 1)
+    assert g.stats.captures == 2
+
+
+def test_an_evicted_graph_is_never_found_and_not_kept_alive(make, graph_backend):
+    g = make(lambda x: x + 1, warmup=1, max_graphs=2, on_graph_limit="evict", backend=graph_backend)
+    xs = [torch.ones(n) for n in (2, 3, 4)]
+    refs = []
+    for _ in range(4):
+        for x in xs:
+            torch.testing.assert_close(g(x), x + 1)
+            refs += [weakref.ref(e) for e in g._entries]
+    assert g.stats.evictions >= 2 and len(g._entries) == 2
+    gc.collect()
+    held = {id(e) for e in g._entries}
+    assert all(r() is None or id(r()) in held for r in refs)
+
+
+def test_a_stale_graph_found_through_the_index_is_reported(make, graph_backend):
+    net = _policy()
+    g = make(net, warmup=1, max_graphs=2, backend=graph_backend)
+    xs = [torch.randn(1, 3), torch.randn(4, 3)]
+    for _ in range(4):
+        for x in xs:
+            g(x)
+    g(xs[0])  # the batch-4 graph is not the most recent one: it is found through the index
+    net[0].weight = nn.Parameter(torch.randn(8, 3), requires_grad=False)
+    with pytest.raises(StaleGraphError, match=r"weight"):
+        g(xs[1])
+
+
+_SIGNATURES = [
+    (torch.float32, (2, 3), 1.0),
+    (torch.float32, (5, 3), 1.0),
+    (torch.float64, (2, 3), 1.0),
+    (torch.float32, (2, 3), 2.0),  # the same key as the first: another constant
+    (torch.float32, (1, 3), 1.0),
+]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequence=st.lists(st.integers(0, len(_SIGNATURES) - 1), min_size=1, max_size=30),
+       max_graphs=st.integers(1, 5), evict=st.booleans(), modes=st.lists(st.booleans(), min_size=30, max_size=30))
+def test_any_sequence_of_signatures_gives_the_eager_answers(make, sequence, max_graphs, evict, modes):
+    lin = nn.Linear(3, 2).double()
+    for p in lin.parameters():
+        p.requires_grad_(False)
+
+    def fn(x, scale):
+        y = lin(x.double()).to(x.dtype)
+        return y * scale + (1.0 if lin.training else -1.0)
+
+    g = CudaGraphModule(fn, warmup=1, backend="simulate", max_graphs=max_graphs,
+                        on_graph_limit="evict" if evict else "raise")
+    kept = []
+    for i, (n, training) in enumerate(zip(sequence, modes)):
+        dtype, shape, scale = _SIGNATURES[n]
+        lin.train(training)
+        x = torch.arange(float(shape[0] * shape[1]), dtype=dtype).reshape(shape) + i
+        try:
+            out = g(x, scale)
+        except Exception as err:  # past a strict limit: an error, and eagerly no answer to compare
+            assert not evict and len(g._entries) >= max_graphs, err
+            continue
+        want = fn(x, scale)
+        assert out.dtype == want.dtype and out.shape == want.shape
+        torch.testing.assert_close(out, want)
+        kept.append((out, want))
+    for out, want in kept:  # results held across later calls keep their values
+        torch.testing.assert_close(out, want)
