@@ -4,6 +4,7 @@ replayed in the same turns (the floor). GPU only; µs per call, median of 7 x 2 
 
     python scripts/lookup_probe.py
 """
+
 import itertools
 import os
 import statistics
@@ -12,26 +13,38 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "benchmarks"), ROOT]
-import torch
-from workloads import WORKLOADS
-from graphmodule import CudaGraphModule
+
+import torch  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
+
+from graphmodule import CudaGraphModule  # noqa: E402
+
 case = WORKLOADS["policy_b1"](torch.device("cuda"))
 x = case.args[0]
+
+
 def per_call(fn, calls=2000, repeats=7):
     ts = []
     for _ in range(repeats):
-        torch.cuda.synchronize(); t0 = time.perf_counter()
-        for _ in range(calls): fn()
-        torch.cuda.synchronize(); ts.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(ts)
+
+
 with torch.no_grad():
     xs = [torch.randn(b, *x.shape[1:], device="cuda") for b in (1, 2, 4, 8)]
     graphs = []
     for each in xs:
         static = each.clone()
-        s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            for _ in range(3): case.fn(static)
+            for _ in range(3):
+                case.fn(static)
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -39,12 +52,16 @@ with torch.no_grad():
         graphs.append((graph, static, each))
     for k in (1, 2, 4):
         it = itertools.cycle(graphs[:k])
+
         def floor():
-            graph, static, each = next(it); static.copy_(each); graph.replay()
+            graph, static, each = next(it)
+            static.copy_(each)
+            graph.replay()
         print(f"floor {k} graphs in turn: {per_call(floor):.2f} us")
     g = CudaGraphModule(case.fn, warmup=2, max_graphs=4)
     for _ in range(6):
-        for each in xs: g(each)
+        for each in xs:
+            g(each)
     for k in (1, 2, 4):
         it = itertools.cycle(xs[:k])
         print(f"graphmodule {k} in turn: {per_call(lambda: g(next(it))):.2f} us")
