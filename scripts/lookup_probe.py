@@ -7,32 +7,19 @@ replayed in the same turns (the floor). GPU only; µs per call, median of 7 x 2 
 
 import itertools
 import os
-import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "benchmarks"), ROOT]
 
 import torch  # noqa: E402
+from profile_hot_path import per_call  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 from graphmodule import CudaGraphModule  # noqa: E402
 
 case = WORKLOADS["policy_b1"](torch.device("cuda"))
 x = case.args[0]
-
-
-def per_call(fn, calls=2000, repeats=7):
-    ts = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(ts)
 
 
 with torch.no_grad():
@@ -57,12 +44,12 @@ with torch.no_grad():
             graph, static, each = next(it)
             static.copy_(each)
             graph.replay()
-        print(f"floor {k} graphs in turn: {per_call(floor):.2f} us")
+        print(f"floor {k} graphs in turn: {per_call(floor, 2000):.2f} us")
     g = CudaGraphModule(case.fn, warmup=2, max_graphs=4)
     for _ in range(6):
         for each in xs:
             g(each)
     for k in (1, 2, 4):
         it = itertools.cycle(xs[:k])
-        print(f"graphmodule {k} in turn: {per_call(lambda: g(next(it))):.2f} us")
+        print(f"graphmodule {k} in turn: {per_call(lambda: g(next(it)), 2000):.2f} us")
     print(g.stats)
