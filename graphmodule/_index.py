@@ -42,22 +42,23 @@ class CallIndex:
     def __init__(self) -> None:
         self._refs: dict[tuple, weakref.ref] = {}
 
-    def find(self, key: tuple, entries: list) -> Any:
-        """The graph of ``key`` if the wrapper still holds it (``entries``), else ``None``."""
+    def find(self, args: tuple, kwargs: dict, mode: Any, entries: list) -> Any:
+        """The graph a call with this key matched last, if the wrapper still holds it
+        (``entries``), else ``None``."""
         try:
-            ref = self._refs.get(key)
-        except TypeError:  # an argument whose shape is not hashable
+            ref = self._refs.get(call_key(args, kwargs, mode))
+        except Exception:  # noqa: BLE001 - a shape that cannot be read or hashed: no hint
             return None
         if ref is None:
             return None
         entry = ref()
         return entry if entry is not None and entry in entries else None
 
-    def remember(self, key: tuple, entry: Any, entries: list) -> None:
-        """``entry`` matched a call of ``key``; ``entries``: the graphs the wrapper holds."""
+    def remember(self, args: tuple, kwargs: dict, mode: Any, entry: Any, entries: list) -> None:
+        """``entry`` matched this call; ``entries``: the graphs the wrapper holds."""
         try:
-            self._refs[key] = weakref.ref(entry)
-        except TypeError:
+            self._refs[call_key(args, kwargs, mode)] = weakref.ref(entry)
+        except Exception:  # noqa: BLE001 - no hint for this call
             return
         if len(self._refs) > 2 * len(entries) + 8:  # forget graphs no longer held
             self._refs = {k: r for k, r in self._refs.items() if r() is not None and r() in entries}

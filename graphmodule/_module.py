@@ -34,7 +34,7 @@ from ._entry import Entry
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import describe_spec, mismatch_error
 from ._grad import tracks_grad
-from ._index import CallIndex, call_key
+from ._index import CallIndex
 from ._lend import LEND_LATER, OUTPUT_SETS
 from ._options import Options, State
 from ._paths import user_stacklevel
@@ -301,7 +301,7 @@ class CudaGraphModule(WrapperSurface):
                 mode = self._mode.read()
                 if (split is None or mode != entry.mode) and len(entries) > 1:
                     # another signature: the graph calls of these shapes and modes matched last
-                    entry = self._index.find(call_key(args, kwargs, mode), entries)
+                    entry = self._index.find(args, kwargs, mode, entries)
                     split = entry.spec.match(args, kwargs) if entry is not None else None
                 if (
                     split is not None
@@ -355,7 +355,7 @@ class CudaGraphModule(WrapperSurface):
                 self._stats.input_mismatches += 1
                 raise InputMismatchError(self._owner, found)
             if len(self._entries) > 1:
-                self._index.remember(call_key(args, kwargs, mode), entry, self._entries)
+                self._index.remember(args, kwargs, mode, entry, self._entries)
             self._entries.insert(0, self._entries.pop(n))
             self._stats.replays += 1
             return entry.replay(split[0], split[1], (args, kwargs))

@@ -43,19 +43,32 @@ class TestCallIndex:
             pass
 
         index, a, b = CallIndex(), Entry(), Entry()
-        index.remember(("k",), a, [a, b])
-        assert index.find(("k",), [a, b]) is a
-        assert index.find(("k",), [b]) is None  # evicted or replaced: not the wrapper's any more
-        assert index.find(("other",), [a, b]) is None
+        x = (torch.zeros(2),)
+        index.remember(x, {}, "m", a, [a, b])
+        assert index.find(x, {}, "m", [a, b]) is a
+        assert index.find(x, {}, "m", [b]) is None  # evicted or replaced: not the wrapper's any more
+        assert index.find(x, {}, "other mode", [a, b]) is None
+        assert index.find((torch.zeros(3),), {}, "m", [a, b]) is None
         dead = weakref.ref(a)
         del a
         gc.collect()
-        assert dead() is None and index.find(("k",), [b]) is None
+        assert dead() is None and index.find(x, {}, "m", [b]) is None
 
-    def test_an_unhashable_key_is_no_hint(self):
-        index, entry = CallIndex(), object.__new__(type("E", (), {}))
-        index.remember((["unhashable"],), entry, [entry])
-        assert index.find((["unhashable"],), [entry]) is None and len(index) == 0
+    def test_a_shape_that_cannot_be_read_or_hashed_is_no_hint(self):
+        class Unhashable:
+            shape = ["not", "hashable"]
+
+        class Raising:
+            @property
+            def shape(self):
+                raise RuntimeError("no shape here")
+
+        entry = object.__new__(type("Entry", (), {}))
+        index = CallIndex()
+        for arg in (Unhashable(), Raising()):
+            index.remember((arg,), {}, "m", entry, [entry])
+            assert index.find((arg,), {}, "m", [entry]) is None
+        assert len(index) == 0
 
     def test_it_forgets_graphs_no_longer_held(self):
         class Entry:
@@ -64,8 +77,8 @@ class TestCallIndex:
         index, held = CallIndex(), [Entry()]
         for n in range(100):
             gone = Entry()
-            index.remember((n,), gone, held + [gone])
-        index.remember(("held",), held[0], held)
+            index.remember((torch.zeros(n),), {}, "m", gone, held + [gone])
+        index.remember((torch.zeros(1, 1),), {}, "m", held[0], held)
         assert len(index) <= 2 * len(held) + 8 + 1
 
 
