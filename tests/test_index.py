@@ -12,11 +12,11 @@ import weakref
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from graphmodule import CudaGraphModule, StaleGraphError
+from graphmodule import CudaGraphModule, InputMismatchError, StaleGraphError
 from graphmodule._index import CallIndex, call_key
 
 
@@ -174,11 +174,13 @@ _SIGNATURES = [
 ]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sequence=st.lists(st.integers(0, len(_SIGNATURES) - 1), min_size=1, max_size=30),
-       max_graphs=st.integers(1, 5), evict=st.booleans(), modes=st.lists(st.booleans(), min_size=30, max_size=30))
-def test_any_sequence_of_signatures_gives_the_eager_answers(make, sequence, max_graphs, evict, modes):
-    lin = nn.Linear(3, 2).double()
+_SEQUENCES = dict(
+    sequence=st.lists(st.integers(0, len(_SIGNATURES) - 1), min_size=1, max_size=30),
+    max_graphs=st.integers(1, 5), evict=st.booleans(), modes=st.lists(st.booleans(), min_size=30, max_size=30))
+
+
+def _sequence_gives_the_eager_answers(backend, device, sequence, max_graphs, evict, modes):
+    lin = nn.Linear(3, 2).double().to(device)
     for p in lin.parameters():
         p.requires_grad_(False)
 
@@ -186,21 +188,34 @@ def test_any_sequence_of_signatures_gives_the_eager_answers(make, sequence, max_
         y = lin(x.double()).to(x.dtype)
         return y * scale + (1.0 if lin.training else -1.0)
 
-    g = CudaGraphModule(fn, warmup=1, backend="simulate", max_graphs=max_graphs,
+    g = CudaGraphModule(fn, warmup=1, backend=backend, max_graphs=max_graphs,
                         on_graph_limit="evict" if evict else "raise")
     kept = []
     for i, (n, training) in enumerate(zip(sequence, modes)):
         dtype, shape, scale = _SIGNATURES[n]
         lin.train(training)
-        x = torch.arange(float(shape[0] * shape[1]), dtype=dtype).reshape(shape) + i
+        x = torch.arange(float(shape[0] * shape[1]), dtype=dtype, device=device).reshape(shape) + i
         try:
             out = g(x, scale)
-        except Exception as err:  # past a strict limit: an error, and eagerly no answer to compare
-            assert not evict and len(g._entries) >= max_graphs, err
+        except InputMismatchError:  # a new signature past a strict limit: no answer to compare
+            assert not evict and len(g._entries) >= max_graphs
             continue
         want = fn(x, scale)
-        assert out.dtype == want.dtype and out.shape == want.shape
+        assert out.dtype == want.dtype and out.shape == want.shape and out.device == want.device
         torch.testing.assert_close(out, want)
         kept.append((out, want))
     for out, want in kept:  # results held across later calls keep their values
         torch.testing.assert_close(out, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(**_SEQUENCES)
+def test_any_sequence_of_signatures_gives_the_eager_answers(sequence, max_graphs, evict, modes):
+    _sequence_gives_the_eager_answers("simulate", "cpu", sequence, max_graphs, evict, modes)
+
+
+@pytest.mark.cuda
+@settings(max_examples=12, deadline=None)
+@given(**_SEQUENCES)
+def test_any_sequence_of_signatures_gives_the_eager_answers_on_cuda(sequence, max_graphs, evict, modes):
+    _sequence_gives_the_eager_answers("cuda", "cuda", sequence, max_graphs, evict, modes)
