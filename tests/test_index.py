@@ -165,6 +165,35 @@ def test_a_stale_graph_found_through_the_index_is_reported(make, graph_backend):
         g(xs[1])
 
 
+def test_a_stale_graph_found_through_the_index_is_captured_again_on_request(make, graph_backend):
+    net = _policy()
+    g = make(net, warmup=1, max_graphs=2, on_stale="recapture", backend=graph_backend)
+    xs = [torch.randn(1, 3), torch.randn(4, 3)]
+    for _ in range(4):
+        for x in xs:
+            g(x)
+    captures = g.stats.captures
+    g(xs[0])
+    net[0].weight = nn.Parameter(torch.randn(8, 3), requires_grad=False)
+    for _ in range(3):  # warms up and captures again with the new weight, then replays it
+        for x in xs:
+            torch.testing.assert_close(g(x), net(x))
+    assert g.stats.recaptures >= 1 and g.stats.captures > captures
+
+
+def test_reset_forgets_the_index(make):
+    g = make(lambda x: x * 2, warmup=1, max_graphs=2)
+    for _ in range(3):
+        for n in (2, 3):
+            g(torch.ones(n))
+    assert len(g._index) >= 1
+    g.reset()
+    assert len(g._index) == 0
+    for _ in range(3):
+        for n in (2, 3):
+            torch.testing.assert_close(g(torch.ones(n)), torch.full((n,), 2.0))
+
+
 _SIGNATURES = [
     (torch.float32, (2, 3), 1.0),
     (torch.float32, (5, 3), 1.0),
