@@ -155,14 +155,15 @@ class Lender:
         """Whether a caller still holds a result lent by the last replay."""
         one = self._one
         if one is not None:
-            return _use_count(one.cdata) != one.base
+            return one.held()
         return any(g.held() for g in self.groups)
 
     def single(self) -> Tensor:
-        """The lent result of a graph with one output (a clone if it has no memory)."""
+        """The lent result of a graph with one output (as :meth:`values` gives it where it
+        has no memory)."""
         first = self._first
         if first is None:
-            return self.inert[0][1].clone()
+            return self.values()[0]
         return first.detach()
 
     def values(self) -> list[Any]:

@@ -149,14 +149,6 @@ class InputSpec:
         if self.n_positional == len(args) and not kwargs:
             # positional tensors only, as captured: the arguments are the leaves; a
             # non-tensor among them fails the tensor check
-            guard = self._guard
-            if guard is not None:  # (matches' first step, inline)
-                try:
-                    if guard.check(*args):
-                        return args, NO_TDS
-                except TypeError:
-                    return None
-                return (args, NO_TDS) if self._decide(args) else None
             if self.matches(args):
                 return args, NO_TDS
             return None
