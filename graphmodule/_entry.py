@@ -46,8 +46,6 @@ class Entry:
         self.spec, self.mode = spec, spec.mode
         # a graph used as a layer: its backward graph, and the autograd node outputs join (_grad)
         self.layer = layer
-        if layer is not None:
-            inputs.copy_through_torch()
         self.inputs, self.effects, self.plan, self.out_recipe = inputs, effects, plan, out_recipe
         self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
         self.texts = texts  # printable place of each input leaf, for messages

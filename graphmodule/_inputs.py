@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
-from ._rawcopy import copier
 from ._tree import Layout, _is_node, build_td, slot_ranges, unflatten
 
 __all__ = ["StaticInputs", "Materialized", "storage_base"]
@@ -177,13 +176,6 @@ class StaticInputs:
         self.buffers = [self.leaves[i] for i in self.tensor_index]
         # one buffer and nothing else (a policy's observation): copied without the lists
         self._one = (copy_dests[0], copy_srcs[0]) if len(copy_dests) == 1 and not self.spans else None
-        # its copy through the driver where that writes what copy_ writes (_rawcopy)
-        self._raw = copier(copy_dests[0]) if self._one is not None else None
-
-    def copy_through_torch(self) -> None:
-        """Copy with ``copy_`` only (a graph used as a layer: autograd reads its buffers'
-        version counters, which only ``copy_`` moves)."""
-        self._raw = None
 
     def copy_from(self, leaves: Any) -> None:
         """Copy a call's tensor leaves into the buffers (one foreach launch, plus spans)."""
@@ -191,9 +183,7 @@ class StaticInputs:
         if one is not None:
             source = leaves[one[1]]
             if source is not one[0]:  # (a producer wrote straight into the buffer)
-                raw = self._raw
-                if raw is None or not raw(source):
-                    one[0].copy_(source)
+                one[0].copy_(source)
             return
         if self.copy_groups is not None:
             for dests, srcs in self.copy_groups:
