@@ -8,7 +8,7 @@
        └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER
                                                            no CUDA ─────► EAGER (checked, eager)
 
-A call that matches the most recent graph takes the hot path in :meth:`_run`; every
+A call that matches the most recent graph takes the hot path in :meth:`__call__`; every
 other call (warmup, a capture, another graph, a mismatch to explain) takes
 :meth:`_slow`.
 """
@@ -274,21 +274,12 @@ class CudaGraphModule(WrapperSurface):
 
     # -- calls -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The hot path, in this one frame: the most recent graph's checks, then its replay
+        # (Entry.replay); anything else goes to _slow.
         if self._is_tensordict_module and (kwargs or not args or not isinstance(args[0], TensorDictBase)):
             # keyword calls and tensordict_out go through tensordict's dispatch; a
             # TensorDict call is passed on unchanged by it, so it skips the wrapper
             return self._call_td(*args, **kwargs)
-        return self._run(args, kwargs)
-
-    @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
-    def _call_td(self, tensordict, *args: Any, tensordict_out=None, **kwargs: Any) -> Any:
-        if tensordict_out is not None:
-            kwargs["tensordict_out"] = tensordict_out
-        return self._run((tensordict, *args), kwargs)
-
-    def _run(self, args: tuple, kwargs: dict) -> Any:
-        # The hot path: the most recent graph's checks, then its replay (one frame here, the
-        # rest in Entry.replay); anything else goes to _slow.
         with self._lock:
             if get_ident() != self._thread:
                 self._switch_thread()
@@ -316,6 +307,17 @@ class CudaGraphModule(WrapperSurface):
                     self._stats.replays += 1
                     return entry.replay(split[0], split[1], (args, kwargs))
             return self._slow(args, kwargs)
+
+    @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
+    def _call_td(self, tensordict, *args: Any, tensordict_out=None, **kwargs: Any) -> Any:
+        if tensordict_out is None and not kwargs and isinstance(tensordict, TensorDictBase):
+            return self(tensordict, *args)  # a TensorDict first, no keywords: the hot path
+        if tensordict_out is not None:
+            kwargs["tensordict_out"] = tensordict_out
+        with self._lock:  # keywords beside the TensorDict, or no TensorDict: the full path
+            if get_ident() != self._thread:
+                self._switch_thread()
+            return self._slow((tensordict, *args), kwargs)
 
     def _switch_thread(self) -> None:
         """Another thread calls: order its stream after the last caller's, whose replay and

@@ -104,7 +104,6 @@ def phases(wrapper, args, kwargs, reps: int, cuda: bool) -> dict:
     out["sum"] = sum(out.values())
     # the same work in bigger pieces: what the phases leave out shows as the difference
     out["entry.replay"] = median_us(lambda: entry.replay(leaves, objs, (args, kwargs)), reps, cuda)
-    out["_run"] = median_us(lambda: wrapper._run(args, kwargs), reps, cuda)
     sizes = {"watched tensors": len(entry.watch._t[0]), "watched objects": len(entry.watch._o[0]),
              "watched values": len(entry.watch._v[0]), "input leaves": len(leaves)}
     return out, sizes
@@ -174,7 +173,7 @@ def main() -> None:
             rows.append(row)
         print(f"== {program} ({device}, torch {torch.__version__}; whole calls interleaved, GPU drained before each)")
         cols = ["fn", "tensordict", "graphmodule", "gm/td", "match", "mode", "watch", "extra", "copy", "replay",
-                "finish", "sum", "entry.replay", "_run",
+                "finish", "sum", "entry.replay",
                 "watched tensors", "watched objects", "watched values", "input leaves"]
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))

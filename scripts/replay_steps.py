@@ -35,7 +35,7 @@ def steps() -> None:
         e = g._entries[0]
         leaves, objs = e.spec.match((x,), {})
         lender = e.plan.lender
-        rows = [("g(x)", lambda: g(x)), ("_run", lambda: g._run((x,), {})),
+        rows = [("g(x)", lambda: g(x)),
                 ("entry.replay", lambda: e.replay(leaves, objs, ((x,), {}))),
                 ("entry._replay", lambda: e._replay(leaves, objs, ((x,), {}))),
                 ("copy_from", lambda: e.inputs.copy_from(leaves)),

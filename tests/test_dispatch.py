@@ -120,6 +120,17 @@ class TestKeywordCall:
             x = torch.randn(2)
             torch.testing.assert_close(g(agent_obs=x), x * 3)
 
+    def test_a_positional_tensor_is_passed_on_as_eagerly(self, make, backend):
+        # not a TensorDict and no keywords: tensordict's dispatch hands it back unchanged, and
+        # the wrapper calls the module with it (once: no dispatch again)
+        module = TensorDictModule(nn.Linear(4, 2), in_keys=["x"], out_keys=["y"])
+        g = make(module, warmup=1, backend=backend)
+        for _ in range(4):
+            x = torch.randn(3, 4)
+            got, want = g(x), module(x)
+            assert type(got) is type(want)
+            torch.testing.assert_close(got, want)
+
     def test_missing_keyword_is_named(self, make):
         module = TensorDictModule(lambda a, b: a + b, in_keys=["a", "b"], out_keys=["c"])
         g = make(module, warmup=1)
@@ -159,6 +170,10 @@ class TestTensordictOut:
             assert g(td, tensordict_out=out) is out
             assert "y" not in td.keys()
             torch.testing.assert_close(out["y"], td["x"] + 1)
+        if backend == "simulate":
+            # calls with tensordict_out replay the graph too: the capturing call's replay and
+            # the last two calls'
+            assert g.stats.replays == 3
 
 
 class TestEmptyInKeys:
