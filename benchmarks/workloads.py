@@ -151,6 +151,23 @@ WORKLOADS: dict[str, Callable[[torch.device], Case]] = {
 
 
 # -- variants ------------------------------------------------------------------------------
+def capture_by_hand(fn: Callable[..., Any], args: tuple, kwargs: dict | None = None,
+                    warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``fn``'s CUDA graph over ``args`` (the static buffers), captured as the hand-written
+    floor is: ``warmup`` calls on a side stream, then ``torch.cuda.graph``; (graph, outputs)."""
+    kwargs = kwargs or {}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn(*args, **kwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*args, **kwargs)
+    return graph, out
+
+
 def hand_floor(case: Case, clone: bool = False) -> Callable[[], Any] | None:
     """The hand-written copy+replay loop: static buffers, one graph, no checks.
 
@@ -164,15 +181,7 @@ def hand_floor(case: Case, clone: bool = False) -> Callable[[], Any] | None:
         return None
     static = [x.clone() for x in leaves]
     s_args, s_kwargs = tree_unflatten(static, spec)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(case.warmup):
-            case.fn(*s_args, **s_kwargs)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = case.fn(*s_args, **s_kwargs)
+    graph, out = capture_by_hand(case.fn, s_args, s_kwargs, warmup=case.warmup)
     srcs = leaves
     outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
 

@@ -30,7 +30,7 @@ sys.path[:0] = [os.path.join(ROOT, "benchmarks"), ROOT]
 
 import torch  # noqa: E402
 from profile_hot_path import per_call  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from workloads import WORKLOADS, capture_by_hand  # noqa: E402
 
 from graphmodule import CudaGraphModule, _inputs  # noqa: E402
 
@@ -89,15 +89,7 @@ def isolated(copies: dict) -> None:
         case = WORKLOADS[name](torch.device("cuda"))
         x = case.args[0]
         static = x.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                case.fn(static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            case.fn(static)
+        graph, _ = capture_by_hand(case.fn, (static,))
         n = x.numel() * x.element_size()
         dst, src = static.data_ptr(), x.data_ptr()
         drv = copies["driver"]

@@ -19,7 +19,7 @@ sys.path[:0] = [os.path.join(ROOT, "benchmarks"), ROOT]
 
 import torch  # noqa: E402
 from profile_hot_path import per_call  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from workloads import WORKLOADS, capture_by_hand  # noqa: E402
 
 from graphmodule import CudaGraphModule  # noqa: E402
 
@@ -54,15 +54,7 @@ def lookup() -> None:
     graphs = []
     for each in xs:
         static = each.clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                case.fn(static)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            case.fn(static)
+        graph, _ = capture_by_hand(case.fn, (static,))
         graphs.append((graph, static, each))
     for k in (1, 2, 4):
         it = itertools.cycle(graphs[:k])
