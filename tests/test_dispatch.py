@@ -121,8 +121,8 @@ class TestKeywordCall:
             torch.testing.assert_close(g(agent_obs=x), x * 3)
 
     def test_a_positional_tensor_is_passed_on_as_eagerly(self, make, backend):
-        # not a TensorDict and no keywords: tensordict's dispatch hands it back unchanged, and
-        # the wrapper calls the module with it (once: no dispatch again)
+        # tensordict's dispatch puts the tensor in a TensorDict under the in_key; the wrapper
+        # then takes the TensorDict's path once (no dispatch again): captured and replayed
         module = TensorDictModule(nn.Linear(4, 2), in_keys=["x"], out_keys=["y"])
         g = make(module, warmup=1, backend=backend)
         for _ in range(4):
@@ -130,6 +130,8 @@ class TestKeywordCall:
             got, want = g(x), module(x)
             assert type(got) is type(want)
             torch.testing.assert_close(got, want)
+        if backend == "simulate":
+            assert g.stats.replays == 3  # the capturing call's and the last two calls'
 
     def test_missing_keyword_is_named(self, make):
         module = TensorDictModule(lambda a, b: a + b, in_keys=["a", "b"], out_keys=["c"])
