@@ -194,6 +194,9 @@ class CudaGraphModule(WrapperSurface):
         self._returned_input: bool | None = None
         self._warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
         self._layer_hint = False  # the last warmup call returned tensors that track gradients (_grad)
+        # the compiled hot path's mirror of this state (_native): None until armed, False never
+        self._hot: Any = None
+        self._hot_misses = 0
 
     # -- public surface ----------------------------------------------------------------
     @property
@@ -273,7 +276,7 @@ class CudaGraphModule(WrapperSurface):
         self._reset_state()
 
     # -- calls -------------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _python_call(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path, in this one frame: the most recent graph's checks, then its replay
         # (Entry.replay); anything else goes to _slow.
         if self._is_tensordict_module and (kwargs or not args or not isinstance(args[0], TensorDictBase)):
@@ -307,6 +310,10 @@ class CudaGraphModule(WrapperSurface):
                     self._stats.replays += 1
                     return entry.replay(split[0], split[1], (args, kwargs))
             return self._slow(args, kwargs)
+
+    # (enable_native() sets a C function that serves the commonest calls and hands the
+    # others to _python_call, see _native)
+    __call__ = _python_call
 
     @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
     def _call_td(self, tensordict, *args: Any, tensordict_out=None, **kwargs: Any) -> Any:

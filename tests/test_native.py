@@ -1,0 +1,299 @@
+"""The compiled hot path (``_native``) against the Python path and the eager function.
+
+Every test runs the same program twice, the Python path then the compiled one, and
+compares everything a caller sees: values, dtypes, shapes, which object is returned, the
+errors (type and message) and the counters. The compiled path must also have served calls
+(or the comparison proves nothing).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import graphmodule
+from graphmodule import CudaGraphModule, _native
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The compiled path, built (30-60 s the first time on a machine) but not installed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = graphmodule.enable_native()
+    if not ok:
+        reason = "; ".join(str(w.message) for w in caught) or "no reason given"
+        pytest.skip(f"the compiled hot path could not be built here: {reason}")
+    _native.disable_native()
+    yield
+    _native.disable_native()
+
+
+def policy(device="cpu", seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to(device)
+
+
+OPS = ["call", "call", "call", "drop", "hold_view", "release", "eval", "train", "inplace", "rebind",
+       "data", "shape", "kw", "thread", "inference", "reset", "grad", "closure"]
+
+
+def run(ops, native, backend="simulate", device="cpu", outputs="safe"):
+    """Run ``ops`` on a fresh policy and wrapper; what a caller observes, call by call."""
+    if native:
+        assert graphmodule.enable_native()
+    else:
+        _native.disable_native()
+    try:
+        module = policy(device)
+        scale = [1.0]
+
+        def fn(x):  # a closure: its cell is watched
+            return module(x) * scale[0] if scale[0] != 1.0 else module(x)
+
+        g = CudaGraphModule(fn, backend=backend, outputs=outputs)
+        gen = torch.Generator().manual_seed(1)
+        held, seen, last = [], [], [None]
+        served = 0
+
+        def observe(call):
+            try:
+                out = call()
+            except Exception as err:  # the error a caller gets
+                seen.append(("error", type(err).__name__, str(err).splitlines()[0]))
+                return
+            same = out is last[0]
+            last[0] = out
+            held.append((out, out.detach().cpu().tolist()))
+            seen.append(("ok", out.detach().cpu().tolist(), out.dtype, tuple(out.shape), out.requires_grad, same))
+
+        def x(rows=1):
+            return torch.randn(rows, 4, generator=gen).to(device)
+
+        with torch.no_grad():
+            for _ in range(3):
+                observe(lambda: g(x()))
+            for op in ops:
+                if op == "call":
+                    observe(lambda: g(x()))
+                elif op == "drop":
+                    try:
+                        g(x())
+                    except Exception as err:
+                        seen.append(("error", type(err).__name__, str(err).splitlines()[0]))
+                    last[0] = None
+                elif op == "hold_view" and held:
+                    view = held[-1][0][:, :1]
+                    held.append((view, view.detach().cpu().tolist()))
+                elif op == "release":
+                    held.clear()
+                    last[0] = None
+                elif op == "eval":
+                    module.eval()
+                elif op == "train":
+                    module.train()
+                elif op == "inplace":
+                    module[0].weight.mul_(0.5)
+                elif op == "rebind":
+                    module[2].weight = torch.nn.Parameter(module[2].weight * 2)
+                elif op == "data":
+                    module[0].bias.data = module[0].bias.data + 1
+                elif op == "shape":
+                    observe(lambda: g(x(3)))
+                elif op == "kw":
+                    observe(lambda: g(x=x()))
+                elif op == "thread":
+                    box = []
+                    xt = x()
+
+                    def other():
+                        try:
+                            with torch.no_grad():
+                                box.append(g(xt).cpu().tolist())
+                        except Exception as err:
+                            box.append((type(err).__name__, str(err).splitlines()[0]))
+
+                    t = threading.Thread(target=other)
+                    t.start()
+                    t.join()
+                    seen.append(("thread", box))
+                elif op == "inference":
+                    with torch.inference_mode():
+                        xi = x()
+                    observe(lambda: g(xi))
+                elif op == "reset":
+                    g.reset()
+                elif op == "grad":
+                    with torch.enable_grad():
+                        observe(lambda: g(x()))
+                elif op == "closure":
+                    scale[0] = 0.5 if scale[0] == 1.0 else 1.0
+                if native and g._hot:
+                    served = max(served, _native.served(g._hot))
+            # what the caller still holds (results, views) is what it was when returned
+            for out, value in held:
+                assert out.detach().cpu().tolist() == value
+        stats = g.stats
+        counters = (stats.replays, stats.captures, stats.warmup_calls, stats.input_mismatches, stats.twin_captures,
+                    stats.copy_recaptures, stats.recaptures)
+        return seen, counters, len(held), served
+    finally:
+        _native.disable_native()
+
+
+def compare(ops, **kwargs):
+    python = run(ops, native=False, **kwargs)
+    native = run(ops, native=True, **kwargs)
+    assert native[0] == python[0]  # every result and error
+    assert native[1] == python[1]  # the counters
+    assert native[2] == python[2]
+    return native[3]
+
+
+# -- the compiled path serves calls, and answers as the Python path ----------------------
+
+
+def test_a_loop_is_served_natively_with_eager_results(built):
+    graphmodule.enable_native()
+    try:
+        module = policy()
+        g = CudaGraphModule(module, backend="simulate")
+        with torch.no_grad():
+            outs = []
+            for step in range(50):
+                x = torch.randn(1, 4)
+                out = g(x)
+                assert torch.equal(out, module(x))
+                outs.append((out, module(x)))
+                outs = outs[-2:]  # the loop holds the last two results
+            served = _native.served(g._hot)
+        assert served >= 40
+        assert g.stats.replays == 48
+        for out, expect in outs:
+            assert torch.equal(out, expect)
+    finally:
+        _native.disable_native()
+
+
+@pytest.mark.parametrize("outputs", ["safe", "static", "clone"])
+def test_outputs_modes_as_the_python_path(built, outputs):
+    served = compare(["call", "drop", "call", "release", "call", "call", "call", "hold_view", "call", "release",
+                      "drop", "drop"], outputs=outputs)
+    assert served > 0
+
+
+def test_each_change_is_handed_to_the_python_path(built):
+    # mode, parameters rebound or their memory replaced, a closure rebound, another thread,
+    # another shape, keywords, inference tensors: the Python path's answers, in order
+    served = compare(["call", "eval", "call", "train", "call", "inplace", "call", "thread", "call", "inference",
+                      "call", "shape", "call", "kw", "call", "grad", "call", "closure", "call", "closure", "call",
+                      "data", "call", "reset", "call", "call", "call", "rebind", "call", "reset", "call", "call",
+                      "call"])
+    assert served > 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(OPS), max_size=25))
+def test_generated_programs_as_the_python_path(built, ops):
+    compare(ops)
+
+
+def test_a_state_armed_before_disable_native_is_never_used_after(built):
+    # the Python path changes the wrapper while the compiled path is off (a recapture
+    # after a parameter is rebound); once back on, the old mirror must not serve a call
+    module = policy()
+    graphmodule.enable_native()
+    g = CudaGraphModule(module, backend="simulate", on_stale="recapture")
+    with torch.no_grad():
+        for _ in range(5):
+            g(torch.randn(1, 4))
+        old = g._hot
+        served = _native.served(old)
+        assert served > 0
+        _native.disable_native()
+        module[2].weight = torch.nn.Parameter(module[2].weight * 2)
+        g(torch.randn(1, 4))  # the Python path: a new graph
+        assert g.stats.recaptures == 1
+        graphmodule.enable_native()
+        x = torch.randn(1, 4)
+        assert torch.equal(g(x), module(x))
+        assert _native.served(old) == served and g._hot is not old
+        for _ in range(3):
+            assert torch.equal(g(x), module(x))
+        assert _native.served(g._hot) > 0
+    _native.disable_native()
+
+
+def test_a_failed_build_warns_and_keeps_the_python_path(built, monkeypatch):
+    import torch.utils.cpp_extension as cpp
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    _native.disable_native()
+    monkeypatch.setattr(cpp, "load", broken)
+    with pytest.warns(RuntimeWarning, match="could not be built .*Ninja is required.*Python path"):
+        assert graphmodule.enable_native() is False
+    assert not graphmodule.native_enabled()
+    module = policy()
+    g = CudaGraphModule(module, backend="simulate")
+    with torch.no_grad():
+        x = torch.randn(1, 4)
+        for _ in range(4):
+            assert torch.equal(g(x), module(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert graphmodule.enable_native() is False  # once: no second warning
+    _native.disable_native()
+
+
+def test_tensordict_modules_and_many_graphs_stay_on_the_python_path(built):
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+
+    graphmodule.enable_native()
+    try:
+        td_module = TensorDictModule(policy(), in_keys=["obs"], out_keys=["action"])
+        g = CudaGraphModule(td_module, backend="simulate")
+        many = CudaGraphModule(policy(), backend="simulate", max_graphs=2)
+        with torch.no_grad():
+            for _ in range(5):
+                td = TensorDict({"obs": torch.randn(1, 4)}, [1])
+                assert torch.equal(g(td)["action"], td_module(td.clone())["action"])
+                many(torch.randn(1, 4))
+        assert g._hot is False and many._hot is False
+        assert g.stats.replays == 3 and many.stats.replays == 3
+    finally:
+        _native.disable_native()
+
+
+# -- on a GPU: real graphs --------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("outputs", ["safe", "static", "clone"])
+def test_cuda_outputs_modes_as_the_python_path(built, outputs):
+    served = compare(["call", "drop", "call", "release", "call", "call", "call", "hold_view", "call", "release",
+                      "drop", "drop"], backend="cuda", device="cuda", outputs=outputs)
+    assert served > 0
+
+
+@pytest.mark.cuda
+def test_cuda_each_change_is_handed_to_the_python_path(built):
+    served = compare(["call", "eval", "call", "train", "call", "inplace", "call", "thread", "call", "inference",
+                      "call", "shape", "call", "kw", "call", "grad", "call", "closure", "call", "closure", "call",
+                      "data", "call", "reset", "call", "call", "call", "rebind", "call", "reset", "call", "call",
+                      "call"], backend="cuda", device="cuda")
+    assert served > 0
+
+
+@pytest.mark.cuda
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(OPS), max_size=25))
+def test_cuda_generated_programs_as_the_python_path(built, ops):
+    compare(ops, backend="cuda", device="cuda")
