@@ -197,6 +197,7 @@ class CudaGraphModule(WrapperSurface):
         # the compiled hot path's mirror of this state (_native): None until armed, False never
         self._hot: Any = None
         self._hot_misses = 0
+        self._hot_served: int | None = None  # calls the state dropped before the last call served
 
     # -- public surface ----------------------------------------------------------------
     @property

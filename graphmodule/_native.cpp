@@ -1,8 +1,9 @@
 // graphmodule's compiled hot path (opt-in: GRAPHMODULE_NATIVE=1, see _native.py).
 //
-// The same steps as CudaGraphModule.__call__'s Python hot path, for the one case it
-// serves: a wrapper holding one graph, called with positional tensors only, whose graph
-// has one output and no effects. It calls the same primitives the Python path calls
+// The same steps as CudaGraphModule.__call__'s Python hot path, for the case it serves:
+// a wrapper holding one graph, called with tensors only, each argument one tensor
+// (positional, or by keyword in the captured order), whose graph has one output and no
+// effects. It calls the same primitives the Python path calls
 // (dynamo's TensorGuards, the dict watchers' flags, torch's storage use count, copy_,
 // the graph's replay), so it accepts a call only where the Python path would replay it.
 // Anything else, or any doubt, goes to the Python path unchanged (`fallback`), which
@@ -28,7 +29,9 @@ struct OutputSet {           // the graph or one of its twins (see _lend)
 };
 
 struct Hot {
-  size_t n = 0;
+  size_t n = 0;      // tensor leaves: the positional arguments, then the keyword ones
+  size_t n_pos = 0;  // positional arguments
+  py::object kwnames;  // the keywords' names in the captured order, or None
   unsigned long thread = 0;
   bool grad = false;
   py::object acquire, release, stats, depth, active, guard_check;
@@ -47,6 +50,7 @@ PyObject* s_raised = nullptr;
 PyObject* s_modes = nullptr;
 PyObject* s_replays = nullptr;
 PyObject* s_read = nullptr;
+PyObject* s_served = nullptr;
 PyObject* g_one = nullptr;
 long g_epoch = 0;
 
@@ -144,9 +148,24 @@ PyObject* python_path(PyObject* const* args, size_t nargsf, PyObject* kwnames) {
 // The replay of set `s` for inputs args[1..n]: the result, or nullptr with an error set.
 PyObject* replay(Hot& h, OutputSet& s, PyObject* const* inputs) {
   HANDLE_TH_ERRORS
-  for (size_t i = 0; i < h.n; ++i) {
-    PyObject* buf = s.bufs[i].ptr();
-    if (inputs[i] != buf) THPVariable_Unpack(buf).copy_(THPVariable_Unpack(inputs[i]));  // (a producer wrote into it)
+  if (h.n == 1) {
+    PyObject* buf = s.bufs[0].ptr();
+    if (inputs[0] != buf) THPVariable_Unpack(buf).copy_(THPVariable_Unpack(inputs[0]));  // (a producer wrote into it)
+  } else {  // as StaticInputs.copy_from: one foreach copy of the buffers no producer wrote into
+    std::vector<at::Tensor> dests, srcs;
+    dests.reserve(h.n);
+    srcs.reserve(h.n);
+    for (size_t i = 0; i < h.n; ++i) {
+      PyObject* buf = s.bufs[i].ptr();
+      if (inputs[i] == buf) continue;
+      dests.push_back(THPVariable_Unpack(buf));
+      srcs.push_back(THPVariable_Unpack(inputs[i]));
+    }
+    if (dests.size() == 1) {
+      dests[0].copy_(srcs[0]);
+    } else if (!dests.empty()) {
+      at::_foreach_copy_(dests, srcs);
+    }
   }
   PyObject* done = s.replay_arg.is_none() ? PyObject_CallNoArgs(s.replay.ptr())
                                           : PyObject_CallOneArg(s.replay.ptr(), s.replay_arg.ptr());
@@ -190,6 +209,20 @@ int accept(Hot& h, PyObject* const* inputs) {
   return 1;
 }
 
+// Called as captured: as many positional arguments, the same keywords in the same order.
+bool same_shape(Hot& h, Py_ssize_t positional, PyObject* kwnames) {
+  if ((size_t)positional != h.n_pos) return false;
+  Py_ssize_t given = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  if (h.kwnames.is_none()) return given == 0;
+  PyObject* names = h.kwnames.ptr();
+  if (given != PyTuple_GET_SIZE(names)) return false;
+  for (Py_ssize_t i = 0; i < given; ++i) {
+    PyObject *a = PyTuple_GET_ITEM(kwnames, i), *b = PyTuple_GET_ITEM(names, i);
+    if (a != b && PyUnicode_Compare(a, b) != 0) return false;
+  }
+  return true;
+}
+
 PyObject* hot_call(PyObject*, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   if (nargs < 1) {
@@ -214,7 +247,7 @@ PyObject* hot_call(PyObject*, PyObject* const* args, size_t nargsf, PyObject* kw
   }
   PyObject* result = nullptr;
   int ok = 0;
-  if (h->epoch == g_epoch && (kwnames == nullptr || PyTuple_GET_SIZE(kwnames) == 0) && (size_t)(nargs - 1) == h->n) {
+  if (h->epoch == g_epoch && same_shape(*h, nargs - 1, kwnames)) {
     PyObject* locked = PyObject_CallNoArgs(h->acquire.ptr());
     if (locked == nullptr) {
       Py_DECREF(capsule);
@@ -252,7 +285,10 @@ PyObject* hot_call(PyObject*, PyObject* const* args, size_t nargsf, PyObject* kw
   }
   // Declined (another call shape, a check in doubt, a held result everywhere): the Python
   // path may change what this state mirrors, so drop it first; the call re-arms after.
-  int dropped = PyObject_SetAttr(self, s_hot, Py_None);
+  PyObject* served = PyLong_FromLong(h->served);
+  int dropped = served == nullptr ? -1 : PyObject_SetAttr(self, s_served, served);
+  Py_XDECREF(served);
+  if (dropped == 0) dropped = PyObject_SetAttr(self, s_hot, Py_None);
   Py_DECREF(capsule);
   if (dropped < 0) return nullptr;
   return python_path(args, nargsf, kwnames);
@@ -273,6 +309,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       s_modes = PyUnicode_InternFromString("_modes");
       s_replays = PyUnicode_InternFromString("replays");
       s_read = PyUnicode_InternFromString("read");
+      s_served = PyUnicode_InternFromString("_hot_served");
       g_one = PyLong_FromLong(1);
     }
     Py_XDECREF(g_python_call);
@@ -291,9 +328,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     auto* h = new Hot();
     h->epoch = g_epoch;
     h->n = d["n"].cast<size_t>();
+    h->n_pos = d["n_pos"].cast<size_t>();
+    h->kwnames = d["kwnames"];
     h->thread = d["thread"].cast<unsigned long>();
     h->grad = d["grad"].cast<bool>();
-    for (const char* k : {"acquire", "release", "stats", "depth", "active", "guard_check", "mode_flag",
+    for (const char* k : {"n", "n_pos", "kwnames", "thread", "grad", "acquire", "release", "stats", "depth", "active", "guard_check", "mode_flag",
                           "mode_reader", "mode", "modes", "interaction_fn", "interaction", "watch_flag",
                           "containers", "keys", "objects", "cells", "cell_objects", "same_addresses", "tobjs",
                           "tptrs", "tindex", "use_count"}) {

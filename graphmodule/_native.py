@@ -9,7 +9,9 @@ makes ``CudaGraphModule.__call__`` a C function that runs those same checks, thr
 same primitives, for the case that dominates RL loops:
 
 - a wrapper holding one graph (``max_graphs=1``), not a TensorDict module;
-- called with one positional tensor, no keywords;
+- called with tensors only, each argument one tensor, positional or by keyword in the
+  captured order (``policy(obs)``, ``policy(obs, hidden)``, ``policy(obs=obs)``), of one
+  dtype and device;
 - whose graph returns one tensor and writes nothing into its inputs, and is not a layer.
 
 Every other call, and any call where a check is in doubt (a module's mode or a watched
@@ -119,9 +121,10 @@ def arm(wrapper: Any) -> None:
     if wrapper._state is State.WARMUP:
         return
     state = _mirror(wrapper) if wrapper._state is State.CAPTURED else None
-    if state is None:
+    served, wrapper._hot_served = wrapper._hot_served, None  # (by the state dropped before this call)
+    if state is None or (served is not None and served < SERVED_ENOUGH):
         wrapper._hot_misses += 1
-    else:
+    elif served is not None:
         wrapper._hot_misses = 0
     if wrapper._hot_misses > MISSES_LIMIT:
         wrapper._hot = False
@@ -139,11 +142,18 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
         return None
     entry = entries[0]
     spec = entry.spec
-    if spec.n_positional != 1 or spec._guard is None:
+    if not spec.all_tensors or spec._guard is None:
         return None
+    if spec.n_positional >= 1:  # g(x), g(obs, state): the arguments are the leaves
+        n_pos, kwnames = spec.n_positional, None
+    elif spec.flat_call is not None:  # g(obs=x): each argument one leaf, in the captured order
+        n_pos, kwnames = spec.flat_call[0], spec.flat_call[1] or None
+    else:
+        return None
+    n = len(spec.tensor_index)
     sets = []
     for e in [entry, *entry.others] if isinstance(entry.plan.lender, Lender) else [entry]:
-        s = _output_set(e)
+        s = _output_set(e, n)
         if s is None:
             return None
         sets.append(s)
@@ -156,7 +166,7 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
         return None
     grad, interaction, modes = entry.mode
     state = {
-        "n": 1, "thread": wrapper._thread, "grad": grad,
+        "n": n, "n_pos": n_pos, "kwnames": kwnames, "thread": wrapper._thread, "grad": grad,
         "acquire": wrapper._lock.acquire, "release": wrapper._lock.release, "stats": wrapper._stats,
         "depth": _capture._DEPTH, "active": _capture._ACTIVE, "guard_check": spec._guard.check,
         "mode_flag": reader._flag, "mode_reader": reader, "mode": entry.mode, "modes": modes,
@@ -171,10 +181,16 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
     return state, sets
 
 
-def _output_set(e: Any) -> dict | None:
+def _output_set(e: Any, n: int) -> dict | None:
     """One graph's buffers and result, if it is one the compiled path replays."""
     inputs = e.inputs
-    if not (e.single and e.plain and e.layer is None and inputs._one is not None and inputs._one[1] == 0):
+    if not (e.single and e.plain and e.layer is None):
+        return None
+    if n == 1 and inputs._one is not None and inputs._one[1] == 0:
+        bufs = [inputs._one[0]]
+    elif inputs.identity_copy and inputs.all_tensors and len(inputs.copy_dests) == n:
+        bufs = list(inputs.copy_dests)  # one buffer per leaf, of one dtype and device
+    else:
         return None
     replay, arg = e.runner.replay_call(e.handle)
     lender = e.plan.lender
@@ -184,7 +200,7 @@ def _output_set(e: Any) -> dict | None:
         kind, out, cdata, base = 0, lender._first, lender._one.cdata, lender._one.base
     else:
         return None
-    return {"bufs": [inputs._one[0]], "replay": replay, "replay_arg": arg, "kind": kind, "out": out,
+    return {"bufs": bufs, "replay": replay, "replay_arg": arg, "kind": kind, "out": out,
             "cdata": cdata, "base": base}
 
 
