@@ -254,7 +254,13 @@ PyObject* hot_call(PyObject*, PyObject* const* args, size_t nargsf, PyObject* kw
       return nullptr;
     }
     Py_DECREF(locked);
-    ok = accept(*h, args + 1);
+    // Under the lock, still the wrapper's state? (Read before the lock: another thread's
+    // Python path may have taken the wrapper over while this one waited for it.)
+    PyObject* current = PyObject_GetAttr(self, s_hot);
+    if (current == nullptr) PyErr_Clear();
+    bool mine = current == capsule;
+    Py_XDECREF(current);
+    ok = mine ? accept(*h, args + 1) : 0;
     if (ok == 1) {
       ok = 0;
       for (auto& s : h->sets) {
@@ -285,10 +291,18 @@ PyObject* hot_call(PyObject*, PyObject* const* args, size_t nargsf, PyObject* kw
   }
   // Declined (another call shape, a check in doubt, a held result everywhere): the Python
   // path may change what this state mirrors, so drop it first; the call re-arms after.
-  PyObject* served = PyLong_FromLong(h->served);
-  int dropped = served == nullptr ? -1 : PyObject_SetAttr(self, s_served, served);
-  Py_XDECREF(served);
-  if (dropped == 0) dropped = PyObject_SetAttr(self, s_hot, Py_None);
+  // (only this state: another thread may have armed the wrapper anew since)
+  PyObject* current = PyObject_GetAttr(self, s_hot);
+  int dropped = 0;
+  if (current == nullptr) {
+    dropped = -1;
+  } else if (current == capsule) {
+    PyObject* served = PyLong_FromLong(h->served);
+    dropped = served == nullptr ? -1 : PyObject_SetAttr(self, s_served, served);
+    Py_XDECREF(served);
+    if (dropped == 0) dropped = PyObject_SetAttr(self, s_hot, Py_None);
+  }
+  Py_XDECREF(current);
   Py_DECREF(capsule);
   if (dropped < 0) return nullptr;
   return python_path(args, nargsf, kwnames);

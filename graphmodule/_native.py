@@ -115,6 +115,13 @@ def arm(wrapper: Any) -> None:
     ext = _EXT[0]
     if ext is None or wrapper._hot is not None:
         return
+    with wrapper._lock:  # (another thread's Python path may be changing the state)
+        _arm(ext, wrapper)
+
+
+def _arm(ext: Any, wrapper: Any) -> None:
+    if wrapper._hot is not None:  # armed by another thread meanwhile
+        return
     if wrapper._is_tensordict_module or wrapper.options.max_graphs != 1 or not wrapper._runner.captures:
         wrapper._hot = False
         return
