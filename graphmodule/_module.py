@@ -285,6 +285,8 @@ class CudaGraphModule(WrapperSurface):
             # TensorDict call is passed on unchanged by it, so it skips the wrapper
             return self._call_td(*args, **kwargs)
         with self._lock:
+            if self._hot:  # the compiled path's mirror (_native): this call may change the state
+                self._hot = None
             if get_ident() != self._thread:
                 self._switch_thread()
             entries = self._entries

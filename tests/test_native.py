@@ -273,6 +273,33 @@ def test_calls_it_keeps_declining_end_on_the_python_path(built):
         _native.disable_native()
 
 
+def test_a_python_call_drops_the_state_armed_before_it(built):
+    # Another thread read "not armed", then this thread armed the wrapper, then the other
+    # thread's Python path ran (switching the wrapper to its thread): the state armed
+    # before must not serve this thread's next call, which must switch back through the
+    # Python path (on CUDA: order its stream after the other thread's replay).
+    module = policy()
+    graphmodule.enable_native()
+    try:
+        g = CudaGraphModule(module, backend="simulate")
+        with torch.no_grad():
+            for _ in range(5):
+                g(torch.randn(1, 4))
+            armed = g._hot
+            served = _native.served(armed)
+            assert served > 0
+            other = threading.Thread(target=lambda: torch.no_grad()(g._python_call)(torch.randn(1, 4)))
+            other.start()
+            other.join()
+            assert g._thread == other.ident and g._hot is not armed
+            x = torch.randn(1, 4)
+            assert torch.equal(g(x), module(x))
+            assert g._thread == threading.get_ident()
+            assert _native.served(armed) == served
+    finally:
+        _native.disable_native()
+
+
 def test_a_failed_build_warns_and_keeps_the_python_path(built, monkeypatch):
     import torch.utils.cpp_extension as cpp
 
