@@ -270,11 +270,13 @@ class CudaGraphModule(WrapperSurface):
 
     def reset(self) -> None:
         """Drop every graph; the next calls warm up and capture again."""
-        for entry in self._entries:
-            entry.release()
-        if self._failure is not None:  # its traceback holds the failed capture's objects
-            collect_before_next_capture()
-        self._reset_state()
+        with self._lock:  # (not while another thread's call replays them)
+            self._hot = None
+            for entry in self._entries:
+                entry.release()
+            if self._failure is not None:  # its traceback holds the failed capture's objects
+                collect_before_next_capture()
+            self._reset_state()
 
     # -- calls -------------------------------------------------------------------------
     def _python_call(self, *args: Any, **kwargs: Any) -> Any:

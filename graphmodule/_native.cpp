@@ -148,6 +148,16 @@ PyObject* python_path(PyObject* const* args, size_t nargsf, PyObject* kwnames) {
 // The replay of set `s` for inputs args[1..n]: the result, or nullptr with an error set.
 PyObject* replay(Hot& h, OutputSet& s, PyObject* const* inputs) {
   HANDLE_TH_ERRORS
+  // stats.replays += 1, as the Python path counts (before the replay, as it does)
+  PyObject* count = PyObject_GetAttr(h.stats.ptr(), s_replays);
+  if (count == nullptr) return nullptr;
+  PyObject* more = PyNumber_Add(count, g_one);
+  Py_DECREF(count);
+  if (more == nullptr || PyObject_SetAttr(h.stats.ptr(), s_replays, more) < 0) {
+    Py_XDECREF(more);
+    return nullptr;
+  }
+  Py_DECREF(more);
   if (h.n == 1) {
     PyObject* buf = s.bufs[0].ptr();
     if (inputs[0] != buf) THPVariable_Unpack(buf).copy_(THPVariable_Unpack(inputs[0]));  // (a producer wrote into it)
@@ -171,16 +181,6 @@ PyObject* replay(Hot& h, OutputSet& s, PyObject* const* inputs) {
                                           : PyObject_CallOneArg(s.replay.ptr(), s.replay_arg.ptr());
   if (done == nullptr) return nullptr;
   Py_DECREF(done);
-  // stats.replays += 1, as the Python path counts
-  PyObject* count = PyObject_GetAttr(h.stats.ptr(), s_replays);
-  if (count == nullptr) return nullptr;
-  PyObject* more = PyNumber_Add(count, g_one);
-  Py_DECREF(count);
-  if (more == nullptr || PyObject_SetAttr(h.stats.ptr(), s_replays, more) < 0) {
-    Py_XDECREF(more);
-    return nullptr;
-  }
-  Py_DECREF(more);
   ++h.served;
   if (s.kind == 1) return Py_NewRef(s.out.ptr());
   const at::Tensor& out = THPVariable_Unpack(s.out.ptr());
