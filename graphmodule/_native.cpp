@@ -26,6 +26,8 @@ struct OutputSet {           // the graph or one of its twins (see _lend)
   py::object out;                 // lent template, or the static output
   py::object cdata;               // the lent storage's cdata (an int), for use_count
   py::object base;                // its use count with nobody else holding it
+  c10::StorageImpl* storage = nullptr;  // the same storage, counted here directly where that
+  size_t direct_base = 0;               // count was found equal to torch's (see make)
 };
 
 struct Hot {
@@ -38,6 +40,9 @@ struct Hot {
   py::object mode_flag, mode_reader, mode, modes, interaction_fn, interaction;
   py::object watch_flag, containers, keys, objects, cells, cell_objects, same_addresses, tobjs, tptrs, tindex;
   py::object use_count;
+  std::vector<py::object> addressed;  // the watch's tensors, and the addresses the graph reads
+  std::vector<void*> addresses;
+  bool direct_addresses = false;      // compared here (found to agree with same_addresses)
   std::vector<OutputSet> sets;
   long served = 0;
   long epoch = 0;  // the install it was made under (a state from before disable_native is stale)
@@ -99,6 +104,21 @@ int modes_ok(Hot& h) {
   return same;
 }
 
+// The watched tensors' addresses, as torch's same_addresses compares them (tensor.data_ptr()).
+int addresses_ok(Hot& h) {
+  try {
+    for (size_t i = 0; i < h.addressed.size(); ++i) {
+      PyObject* obj = h.addressed[i].ptr();
+      if (!THPVariable_Check(obj)) return 0;
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      if (!t.has_storage() || t.data_ptr() != h.addresses[i]) return 0;
+    }
+  } catch (...) {  // a tensor whose memory cannot be read here: the Python path decides
+    return 0;
+  }
+  return 1;
+}
+
 // Watch.check() where it would take its fast branch; 0 wherever it would look further.
 int watch_ok(Hot& h) {
   int raised = flag_raised(h.watch_flag.ptr());
@@ -118,6 +138,7 @@ int watch_ok(Hot& h) {
   for (Py_ssize_t i = 0; i < cells; ++i) {
     if (PyCell_GET(PyList_GET_ITEM(h.cells.ptr(), i)) != PyList_GET_ITEM(h.cell_objects.ptr(), i)) return 0;
   }
+  if (h.direct_addresses) return addresses_ok(h);
   PyObject* args[3] = {h.tobjs.ptr(), h.tptrs.ptr(), h.tindex.ptr()};
   return truth_of(PyObject_Vectorcall(h.same_addresses.ptr(), args, 3, nullptr));
 }
@@ -125,6 +146,7 @@ int watch_ok(Hot& h) {
 // 1: this set's lent result is free (or it lends nothing), 0: held, -1: error
 int set_free(Hot& h, OutputSet& s) {
   if (s.kind != 0) return 1;
+  if (s.storage != nullptr) return c10::raw::intrusive_ptr::use_count(s.storage) == s.direct_base ? 1 : 0;
   PyObject* arg = s.cdata.ptr();
   PyObject* count = PyObject_Vectorcall(h.use_count.ptr(), &arg, 1, nullptr);
   if (count == nullptr) return -1;
@@ -346,7 +368,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     h->kwnames = d["kwnames"];
     h->thread = d["thread"].cast<unsigned long>();
     h->grad = d["grad"].cast<bool>();
-    for (const char* k : {"n", "n_pos", "kwnames", "thread", "grad", "acquire", "release", "stats", "depth", "active", "guard_check", "mode_flag",
+    for (const char* k : {"n", "n_pos", "kwnames", "thread", "grad", "direct_addresses", "acquire", "release", "stats", "depth", "active", "guard_check", "mode_flag",
                           "mode_reader", "mode", "modes", "interaction_fn", "interaction", "watch_flag",
                           "containers", "keys", "objects", "cells", "cell_objects", "same_addresses", "tobjs",
                           "tptrs", "tindex", "use_count"}) {
@@ -369,7 +391,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       for (auto b : s["bufs"].cast<py::list>()) o.bufs.push_back(py::reinterpret_borrow<py::object>(b));
       o.replay = s["replay"]; o.replay_arg = s["replay_arg"]; o.kind = s["kind"].cast<int>();
       o.out = s["out"]; o.cdata = s["cdata"]; o.base = s["base"];
+      if (o.kind == 0) {  // count directly where that count is torch's now (and so later)
+        auto* impl = static_cast<c10::StorageImpl*>(PyLong_AsVoidPtr(o.cdata.ptr()));
+        py::object torch_count = h->use_count(o.cdata);
+        if (impl != nullptr && torch_count.cast<size_t>() == c10::raw::intrusive_ptr::use_count(impl)) {
+          o.storage = impl;
+          o.direct_base = o.base.cast<size_t>();
+        }
+      }
       h->sets.push_back(std::move(o));
+    }
+    // the addresses compared here where that agrees with torch's comparison now
+    if (d["direct_addresses"].cast<bool>()) {  // (lists, every index compared: see _native.py)
+      py::list tobjs = h->tobjs.cast<py::list>();
+      py::list tptrs = h->tptrs.cast<py::list>();
+      for (size_t i = 0; i < tobjs.size() && i < tptrs.size(); ++i) {
+        h->addressed.push_back(py::reinterpret_borrow<py::object>(tobjs[i]));
+        h->addresses.push_back(PyLong_AsVoidPtr(tptrs[i].ptr()));
+      }
+      h->direct_addresses = tobjs.size() == tptrs.size() && addresses_ok(*h) == 1;
     }
     return py::reinterpret_steal<py::object>(PyCapsule_New(h, kCapsule, destroy));
   });

@@ -182,6 +182,11 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
         "objects": list(objects), "cells": list(watch._cells), "cell_objects": list(watch._cell_objects),
         "same_addresses": _stale._same_addresses, "tobjs": watch._tobjs, "tptrs": watch._tptrs,
         "tindex": watch._tindex, "use_count": _use_count,
+        # the addresses may be compared in C where every watched tensor is compared, as
+        # _same_addresses does, and they match now, as its answer (this call passed the check)
+        "direct_addresses": type(watch._tobjs) is list and type(watch._tptrs) is list
+        and list(watch._tindex) == list(range(len(watch._tobjs))) and len(watch._tptrs) == len(watch._tobjs)
+        and bool(_stale._same_addresses(watch._tobjs, watch._tptrs, watch._tindex)),
     }
     if wrapper._thread is None:
         return None
