@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import types
 import warnings
 from typing import Any
 
@@ -137,15 +138,14 @@ def _arm(ext: Any, wrapper: Any) -> None:
         wrapper._hot = False
         return
     if state is not None:
-        hot = ext.make(*state)
-        wrapper._hot = hot
+        wrapper._hot = ext.make(*state)
 
 
 def _mirror(wrapper: Any) -> tuple[dict, list] | None:
     """What the compiled path reads, from the wrapper's only graph; None where it does not
     serve that graph's calls."""
     entries = wrapper._entries
-    if len(entries) != 1 or wrapper._mode is None:
+    if len(entries) != 1 or wrapper._mode is None or wrapper._thread is None:
         return None
     entry = entries[0]
     spec = entry.spec
@@ -169,7 +169,7 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
         containers, keys, objects = watch._containers, watch._keys, watch._place_objects
     else:
         containers, keys, objects = watch._u_containers, watch._u_keys, watch._u_objects
-    if not all(type(c).__name__ == "cell" for c in watch._cells):
+    if not all(type(c) is types.CellType for c in watch._cells):
         return None
     grad, interaction, modes = entry.mode
     state = {
@@ -188,8 +188,6 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
         and list(watch._tindex) == list(range(len(watch._tobjs))) and len(watch._tptrs) == len(watch._tobjs)
         and bool(_stale._same_addresses(watch._tobjs, watch._tptrs, watch._tindex)),
     }
-    if wrapper._thread is None:
-        return None
     return state, sets
 
 
