@@ -34,6 +34,14 @@ def built():
     _native.disable_native()
 
 
+@pytest.fixture
+def native(built):
+    """The compiled path installed for one test, and taken off after it, pass or fail."""
+    assert graphmodule.enable_native()
+    yield
+    _native.disable_native()
+
+
 def policy(device="cpu", seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to(device)
@@ -41,10 +49,19 @@ def policy(device="cpu", seed=0):
 
 OPS = ["call", "call", "call", "drop", "hold_view", "release", "eval", "train", "inplace", "rebind",
        "data", "shape", "kw", "thread", "inference", "reset", "grad", "closure"]
+# results held, dropped, viewed and released, in every outputs mode
+HOLDING = ["call", "drop", "call", "release", "call", "call", "call", "hold_view", "call", "release", "drop", "drop"]
+# mode, parameters rebound or their memory replaced, a closure rebound, another thread,
+# another shape, keywords, inference tensors, grad mode, resets: each between calls
+CHANGES = ["call", "eval", "call", "train", "call", "inplace", "call", "thread", "call", "inference", "call",
+           "shape", "call", "kw", "call", "grad", "call", "closure", "call", "closure", "call", "data", "call",
+           "reset", "call", "call", "call", "rebind", "call", "reset", "call", "call", "call"]
 
 
 def run(ops, native, backend="simulate", device="cpu", outputs="safe", style="pos"):
     """Run ``ops`` on a fresh policy and wrapper; what a caller observes, call by call.
+    Each result is also checked against the plain function on the same inputs, and the
+    inputs against what they were before the call.
 
     ``style``: how the program calls the wrapper: ``g(x)`` ("pos"), ``g(x=x)`` ("kw") or
     ``g(x, h)`` ("two"); the "kw" op calls it the other way."""
@@ -66,12 +83,16 @@ def run(ops, native, backend="simulate", device="cpu", outputs="safe", style="po
         held, seen, last, kept = [], [], [None], []
         served = 0
 
-        def observe(call):
+        def observe(made):
+            before = [t.clone() for t in (*made[0], *made[1].values())]
             try:
-                out = call()
+                out = call(made)
             except Exception as err:  # the error a caller gets
                 seen.append(("error", type(err).__name__, str(err).splitlines()[0]))
                 return
+            torch.testing.assert_close(out, fn(*made[0], **made[1]), rtol=1e-5, atol=1e-6)  # the eager answer
+            for t, was in zip((*made[0], *made[1].values()), before):
+                assert torch.equal(t, was)  # the call left its arguments as they were
             same = out is last[0]
             last[0] = out
             held.append((out, out.detach().cpu().tolist()))
@@ -96,10 +117,10 @@ def run(ops, native, backend="simulate", device="cpu", outputs="safe", style="po
 
         with torch.no_grad():
             for _ in range(3):
-                observe(lambda: call(x()))
+                observe(x())
             for op in ops:
                 if op == "call":
-                    observe(lambda: call(x()))
+                    observe(x())
                 elif op == "drop":
                     try:
                         call(x())
@@ -124,33 +145,36 @@ def run(ops, native, backend="simulate", device="cpu", outputs="safe", style="po
                     kept.append(module[0].bias.data)
                     module[0].bias.data = module[0].bias.data + 1
                 elif op == "shape":
-                    observe(lambda: call(x(3)))
+                    observe(x(3))
                 elif op == "kw":
-                    observe(lambda: call(other()))
+                    observe(other())
                 elif op == "thread":
                     box = []
                     xt = x()
 
-                    def other():
+                    def worker():
                         try:
                             with torch.no_grad():
-                                box.append(call(xt).cpu().tolist())
+                                box.append(call(xt))
                         except Exception as err:
                             box.append((type(err).__name__, str(err).splitlines()[0]))
 
-                    t = threading.Thread(target=other)
+                    t = threading.Thread(target=worker)
                     t.start()
                     t.join()
+                    if isinstance(box[0], torch.Tensor):
+                        torch.testing.assert_close(box[0], fn(*xt[0], **xt[1]), rtol=1e-5, atol=1e-6)
+                        box[0] = box[0].cpu().tolist()
                     seen.append(("thread", box))
                 elif op == "inference":
                     with torch.inference_mode():
                         xi = x()
-                    observe(lambda: call(xi))
+                    observe(xi)
                 elif op == "reset":
                     g.reset()
                 elif op == "grad":
                     with torch.enable_grad():
-                        observe(lambda: call(x()))
+                        observe(x())
                 elif op == "closure":
                     scale[0] = 0.5 if scale[0] == 1.0 else 1.0
                 if native and g._hot:
@@ -178,44 +202,43 @@ def compare(ops, **kwargs):
 # -- the compiled path serves calls, and answers as the Python path ----------------------
 
 
-def test_a_loop_is_served_natively_with_eager_results(built):
-    graphmodule.enable_native()
-    try:
-        module = policy()
-        g = CudaGraphModule(module, backend="simulate")
-        with torch.no_grad():
-            outs = []
-            for step in range(50):
-                x = torch.randn(1, 4)
-                out = g(x)
-                assert torch.equal(out, module(x))
-                outs.append((out, module(x)))
-                outs = outs[-2:]  # the loop holds the last two results
-            served = _native.served(g._hot)
-        assert served >= 40
-        assert g.stats.replays == 48
-        for out, expect in outs:
-            assert torch.equal(out, expect)
-    finally:
-        _native.disable_native()
+def armed(**kwargs):
+    """A policy and its wrapper, captured, with the compiled path serving its calls."""
+    module = policy()
+    g = CudaGraphModule(module, backend="simulate", **kwargs)
+    with torch.no_grad():
+        for _ in range(5):
+            g(torch.randn(1, 4))
+    assert _native.served(g._hot) > 0
+    return module, g
+
+
+def test_a_loop_is_served_natively_with_eager_results(native):
+    module = policy()
+    g = CudaGraphModule(module, backend="simulate")
+    with torch.no_grad():
+        outs = []
+        for step in range(50):
+            x = torch.randn(1, 4)
+            out = g(x)
+            assert torch.equal(out, module(x))
+            outs.append((out, module(x)))
+            outs = outs[-2:]  # the loop holds the last two results
+        served = _native.served(g._hot)
+    assert served >= 40
+    assert g.stats.replays == 48
+    for out, expect in outs:
+        assert torch.equal(out, expect)
 
 
 @pytest.mark.parametrize("outputs", ["safe", "static", "clone"])
 def test_outputs_modes_as_the_python_path(built, outputs):
-    served = compare(["call", "drop", "call", "release", "call", "call", "call", "hold_view", "call", "release",
-                      "drop", "drop"], outputs=outputs)
-    assert served > 0
+    assert compare(HOLDING, outputs=outputs) > 0
 
 
 @pytest.mark.parametrize("style", ["pos", "kw", "two"])
 def test_each_change_is_handed_to_the_python_path(built, style):
-    # mode, parameters rebound or their memory replaced, a closure rebound, another thread,
-    # another shape, keywords, inference tensors: the Python path's answers, in order
-    served = compare(["call", "eval", "call", "train", "call", "inplace", "call", "thread", "call", "inference",
-                      "call", "shape", "call", "kw", "call", "grad", "call", "closure", "call", "closure", "call",
-                      "data", "call", "reset", "call", "call", "call", "rebind", "call", "reset", "call", "call",
-                      "call"], style=style)
-    assert served > 0
+    assert compare(CHANGES, style=style) > 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -224,18 +247,13 @@ def test_generated_programs_as_the_python_path(built, ops, style):
     compare(ops, style=style)
 
 
-def test_a_state_armed_before_disable_native_is_never_used_after(built):
+def test_a_state_armed_before_disable_native_is_never_used_after(native):
     # the Python path changes the wrapper while the compiled path is off (a recapture
     # after a parameter is rebound); once back on, the old mirror must not serve a call
-    module = policy()
-    graphmodule.enable_native()
-    g = CudaGraphModule(module, backend="simulate", on_stale="recapture")
+    module, g = armed(on_stale="recapture")
     with torch.no_grad():
-        for _ in range(5):
-            g(torch.randn(1, 4))
         old = g._hot
         served = _native.served(old)
-        assert served > 0
         _native.disable_native()
         module[2].weight = torch.nn.Parameter(module[2].weight * 2)
         g(torch.randn(1, 4))  # the Python path: a new graph
@@ -247,10 +265,9 @@ def test_a_state_armed_before_disable_native_is_never_used_after(built):
         for _ in range(3):
             assert torch.equal(g(x), module(x))
         assert _native.served(g._hot) > 0
-    _native.disable_native()
 
 
-def test_calls_it_keeps_declining_end_on_the_python_path(built):
+def test_calls_it_keeps_declining_end_on_the_python_path(native):
     # keywords in either order, alternating: each call re-arms the compiled path for the
     # order just used, then the other order hands it back; after MISSES_LIMIT such arms it
     # stops trying, and every call is still the eager answer
@@ -259,45 +276,33 @@ def test_calls_it_keeps_declining_end_on_the_python_path(built):
     def fn(x, h):
         return module(x + h)
 
-    graphmodule.enable_native()
-    try:
-        g = CudaGraphModule(fn, backend="simulate")
-        with torch.no_grad():
-            for step in range(2 * _native.MISSES_LIMIT + 10):
-                x, h = torch.randn(1, 4), torch.randn(1, 4)
-                out = g(x=x, h=h) if step % 2 else g(h=h, x=x)
-                assert torch.equal(out, fn(x, h))
-        assert g._hot is False
-        assert g.stats.replays == 2 * _native.MISSES_LIMIT + 8
-    finally:
-        _native.disable_native()
+    g = CudaGraphModule(fn, backend="simulate")
+    with torch.no_grad():
+        for step in range(2 * _native.MISSES_LIMIT + 10):
+            x, h = torch.randn(1, 4), torch.randn(1, 4)
+            out = g(x=x, h=h) if step % 2 else g(h=h, x=x)
+            assert torch.equal(out, fn(x, h))
+    assert g._hot is False
+    assert g.stats.replays == 2 * _native.MISSES_LIMIT + 8
 
 
-def test_a_python_call_drops_the_state_armed_before_it(built):
+def test_a_python_call_drops_the_state_armed_before_it(native):
     # Another thread read "not armed", then this thread armed the wrapper, then the other
     # thread's Python path ran (switching the wrapper to its thread): the state armed
     # before must not serve this thread's next call, which must switch back through the
     # Python path (on CUDA: order its stream after the other thread's replay).
-    module = policy()
-    graphmodule.enable_native()
-    try:
-        g = CudaGraphModule(module, backend="simulate")
-        with torch.no_grad():
-            for _ in range(5):
-                g(torch.randn(1, 4))
-            armed = g._hot
-            served = _native.served(armed)
-            assert served > 0
-            other = threading.Thread(target=lambda: torch.no_grad()(g._python_call)(torch.randn(1, 4)))
-            other.start()
-            other.join()
-            assert g._thread == other.ident and g._hot is not armed
-            x = torch.randn(1, 4)
-            assert torch.equal(g(x), module(x))
-            assert g._thread == threading.get_ident()
-            assert _native.served(armed) == served
-    finally:
-        _native.disable_native()
+    module, g = armed()
+    with torch.no_grad():
+        hot = g._hot
+        served = _native.served(hot)
+        other = threading.Thread(target=lambda: torch.no_grad()(g._python_call)(torch.randn(1, 4)))
+        other.start()
+        other.join()
+        assert g._thread == other.ident and g._hot is not hot
+        x = torch.randn(1, 4)
+        assert torch.equal(g(x), module(x))
+        assert g._thread == threading.get_ident()
+        assert _native.served(hot) == served
 
 
 def test_a_failed_build_warns_and_keeps_the_python_path(built, monkeypatch):
@@ -323,24 +328,20 @@ def test_a_failed_build_warns_and_keeps_the_python_path(built, monkeypatch):
     _native.disable_native()
 
 
-def test_tensordict_modules_and_many_graphs_stay_on_the_python_path(built):
+def test_tensordict_modules_and_many_graphs_stay_on_the_python_path(native):
     from tensordict import TensorDict
     from tensordict.nn import TensorDictModule
 
-    graphmodule.enable_native()
-    try:
-        td_module = TensorDictModule(policy(), in_keys=["obs"], out_keys=["action"])
-        g = CudaGraphModule(td_module, backend="simulate")
-        many = CudaGraphModule(policy(), backend="simulate", max_graphs=2)
-        with torch.no_grad():
-            for _ in range(5):
-                td = TensorDict({"obs": torch.randn(1, 4)}, [1])
-                assert torch.equal(g(td)["action"], td_module(td.clone())["action"])
-                many(torch.randn(1, 4))
-        assert g._hot is False and many._hot is False
-        assert g.stats.replays == 3 and many.stats.replays == 3
-    finally:
-        _native.disable_native()
+    td_module = TensorDictModule(policy(), in_keys=["obs"], out_keys=["action"])
+    g = CudaGraphModule(td_module, backend="simulate")
+    many = CudaGraphModule(policy(), backend="simulate", max_graphs=2)
+    with torch.no_grad():
+        for _ in range(5):
+            td = TensorDict({"obs": torch.randn(1, 4)}, [1])
+            assert torch.equal(g(td)["action"], td_module(td.clone())["action"])
+            many(torch.randn(1, 4))
+    assert g._hot is False and many._hot is False
+    assert g.stats.replays == 3 and many.stats.replays == 3
 
 
 # -- on a GPU: real graphs --------------------------------------------------------------
@@ -349,19 +350,13 @@ def test_tensordict_modules_and_many_graphs_stay_on_the_python_path(built):
 @pytest.mark.cuda
 @pytest.mark.parametrize("outputs", ["safe", "static", "clone"])
 def test_cuda_outputs_modes_as_the_python_path(built, outputs):
-    served = compare(["call", "drop", "call", "release", "call", "call", "call", "hold_view", "call", "release",
-                      "drop", "drop"], backend="cuda", device="cuda", outputs=outputs)
-    assert served > 0
+    assert compare(HOLDING, backend="cuda", device="cuda", outputs=outputs) > 0
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("style", ["pos", "kw", "two"])
 def test_cuda_each_change_is_handed_to_the_python_path(built, thread_warm, style):
-    served = compare(["call", "eval", "call", "train", "call", "inplace", "call", "thread", "call", "inference",
-                      "call", "shape", "call", "kw", "call", "grad", "call", "closure", "call", "closure", "call",
-                      "data", "call", "reset", "call", "call", "call", "rebind", "call", "reset", "call", "call",
-                      "call"], backend="cuda", device="cuda", style=style)
-    assert served > 0
+    assert compare(CHANGES, backend="cuda", device="cuda", style=style) > 0
 
 
 @pytest.fixture(scope="module")
