@@ -56,15 +56,15 @@ def main() -> None:
         with torch.no_grad():
             floor = hand_floor(case)
             wrappers = {o: CudaGraphModule(case.fn, warmup=case.warmup, outputs=o) for o in ("safe", "static")}
-            kinds = {"floor": (floor, None)}
+            kinds = {"floor": (floor, None, None)}
             for o, g in wrappers.items():
                 call = (lambda g=g: g(*case.args))
-                kinds[f"{o} python"] = (call, False)
-                kinds[f"{o} native"] = (call, True)
+                kinds[f"{o} python"] = (call, False, g)
+                kinds[f"{o} native"] = (call, True, g)
             times: dict[str, list[float]] = {k: [] for k in kinds}
             served: dict[str, int] = {}
             for r in range(a.rounds + 1):
-                for k, (fn, native) in kinds.items():
+                for k, (fn, native, g) in kinds.items():
                     if native is True:
                         graphmodule.enable_native()
                     elif native is False:
@@ -76,7 +76,7 @@ def main() -> None:
                     if r:
                         times[k].append(t)
                     if native is True:  # the calls it served, of the round's 50 + calls
-                        served[k] = _native.served(wrappers[k.split()[0]]._hot) if wrappers[k.split()[0]]._hot else 0
+                        served[k] = _native.served(g._hot) if g._hot else 0
             _native.disable_native()
         med = {k: statistics.median(v) for k, v in times.items()}
         f = med["floor"]

@@ -42,6 +42,7 @@ import torch
 
 from . import _capture, _stale
 from ._lend import Lender, _use_count
+from ._mode import _interaction_type
 from ._options import State
 
 __all__ = ["arm", "enable_native", "native_enabled"]
@@ -177,7 +178,7 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
         "acquire": wrapper._lock.acquire, "release": wrapper._lock.release, "stats": wrapper._stats,
         "depth": _capture._DEPTH, "active": _capture._ACTIVE, "guard_check": spec._guard.check,
         "mode_flag": reader._flag, "mode_reader": reader, "mode": entry.mode, "modes": modes,
-        "interaction_fn": _interaction_fn(), "interaction": interaction,
+        "interaction_fn": _interaction_type, "interaction": interaction,
         "watch_flag": watch._flag, "containers": list(containers), "keys": list(keys),
         "objects": list(objects), "cells": list(watch._cells), "cell_objects": list(watch._cell_objects),
         "same_addresses": _stale._same_addresses, "tobjs": watch._tobjs, "tptrs": watch._tptrs,
@@ -212,9 +213,3 @@ def _output_set(e: Any, n: int) -> dict | None:
         return None
     return {"bufs": bufs, "replay": replay, "replay_arg": arg, "kind": kind, "out": out,
             "cdata": cdata, "base": base}
-
-
-def _interaction_fn() -> Any:
-    from ._mode import _interaction_type
-
-    return _interaction_type
