@@ -71,12 +71,12 @@ def run(ops, native, backend="simulate", device="cpu", outputs="safe", style="po
         _native.disable_native()
     try:
         module = policy(device)
-        scale = [1.0]
+        scale = 1.0
 
-        def fn(x, h=None):  # a closure: its cell is watched
+        def fn(x, h=None):  # a closure: its cells are watched ("closure" rebinds `scale`)
             if h is not None:
                 x = x + h
-            return module(x) * scale[0] if scale[0] != 1.0 else module(x)
+            return module(x) * scale if scale != 1.0 else module(x)
 
         g = CudaGraphModule(fn, backend=backend, outputs=outputs)
         gen = torch.Generator().manual_seed(1)
@@ -176,7 +176,7 @@ def run(ops, native, backend="simulate", device="cpu", outputs="safe", style="po
                     with torch.enable_grad():
                         observe(x())
                 elif op == "closure":
-                    scale[0] = 0.5 if scale[0] == 1.0 else 1.0
+                    scale = 0.5 if scale == 1.0 else 1.0
                 if native and g._hot:
                     served = max(served, _native.served(g._hot))
             # what the caller still holds (results, views) is what it was when returned
