@@ -1,0 +1,66 @@
+"""Differential scenarios: programs with state across calls, through the wrapper and plainly.
+
+Every focus registered by a ``tests/differential/scenario_*.py`` module is fuzzed here
+(``test_scenario_fuzz[focus]``; on a GPU also with real CUDA graphs), with the knobs of
+``tests/differential/fuzz.py`` (``GM_FUZZ_EXAMPLES``, ``GM_FUZZ_BACKEND``, ...). Each focus
+gets ``GM_FUZZ_EXAMPLES`` times :data:`SHARE` cases. See ``tests/differential/scenarios.py``
+for what is compared.
+"""
+
+import importlib
+import pkgutil
+
+import pytest
+
+import tests.differential as package
+from tests.differential.fuzz import BACKEND, DEVICE, EXAMPLES, cuda_backend_or_skip, run_fuzz
+from tests.differential.scenarios import REGISTRY, check_scenario
+
+for _info in pkgutil.iter_modules(package.__path__):
+    if _info.name.startswith("scenario_"):
+        importlib.import_module(f"{package.__name__}.{_info.name}")
+
+SHARE = 0.2  # of GM_FUZZ_EXAMPLES, per focus
+
+
+@pytest.mark.parametrize("focus", sorted(REGISTRY))
+def test_scenario_fuzz(focus, capsys):
+    cuda_backend_or_skip()
+    run_fuzz(f"scenario {focus}", REGISTRY[focus](), check_scenario, EXAMPLES * SHARE, BACKEND, DEVICE, capsys)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("focus", sorted(REGISTRY))
+def test_scenario_fuzz_on_cuda_graphs(focus, capsys):
+    if BACKEND == "cuda":
+        pytest.skip("GM_FUZZ_BACKEND=cuda: test_scenario_fuzz runs on the GPU already")
+    run_fuzz(f"cuda scenario {focus}", REGISTRY[focus](), check_scenario, EXAMPLES * SHARE, "cuda", "cuda", capsys)
+
+
+PLANTED = {
+    "output:value": "out = out + 1",
+    "state:length": "world['log'].append(1.0)",
+    "identity": "out = world.setdefault('cached', out.clone()).copy_(out)",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANTED))
+def test_the_harness_sees_a_planted_difference(kind):
+    """A wrapped world that differs from the plain one in one observable way is reported."""
+    from tests.differential.scenarios import Scenario, run_scenario
+
+    src = f"""
+def build():
+    return {{"fn": lambda x: x * 2, "log": []}}
+
+def step(world, f, i):
+    out = f(torch.full((2,), float(i)))
+    if isinstance(f, CudaGraphModule) and i >= 2:
+        {PLANTED[kind]}
+    return out
+
+def observe(world):
+    return world["log"]
+"""
+    outcome = run_scenario(Scenario(src=src, steps=5), "simulate", "cpu")
+    assert [d.kind for d in outcome.diffs][:1] == [kind], outcome.report() if outcome.diffs else "no difference"
