@@ -652,3 +652,28 @@ def test_twins_and_the_copying_capture_reuse_the_first_captures_memory(cuda):
     assert torch.cuda.memory_reserved() <= reserved + 2 * SLACK, (reserved, torch.cuda.memory_reserved())
     for i, out in enumerate(kept):
         torch.testing.assert_close(out, _heavy(x * i))
+
+
+CLASS7 = "#26 class 7: a result's storage held alone is not seen as holding the result"
+
+
+@pytest.mark.xfail(strict=True, reason=CLASS7)
+def test_a_kept_storage_of_a_dropped_result_keeps_its_bytes(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    storage = g(torch.ones(4)).untyped_storage()  # the result itself is gone; its storage is not
+    g(torch.full((4,), 7.0))
+    kept = torch.empty(0, device=storage.device).set_(storage)
+    torch.testing.assert_close(kept, f(torch.ones(4)))
+
+
+@pytest.mark.xfail(strict=True, reason=CLASS7)
+def test_a_kept_storage_of_one_result_of_several(graph_backend):
+    def pair(x):
+        return x * 2, x + 1
+
+    g = _captured(pair, torch.zeros(4), backend=graph_backend)
+    first, second = g(torch.ones(4))
+    storage = second.untyped_storage()
+    del first, second
+    g(torch.full((4,), 7.0))
+    torch.testing.assert_close(torch.empty(0, device=storage.device).set_(storage), torch.ones(4) + 1)
