@@ -6,7 +6,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
-from graphmodule import InputMismatchError, MissingKeyError
+from graphmodule import CudaGraphModule, InputMismatchError, MissingKeyError
 
 BACKENDS = ["simulate", "eager"]
 
@@ -234,3 +234,69 @@ class TestTensorDictArgumentOfAPlainFunction:
             torch.testing.assert_close(g(td), torch.full((2,), 2.0))
         with pytest.raises(InputMismatchError, match=r"args\[0\]\['mode'\]: expected value 'double', got 'single'"):
             g(TensorDict(x=torch.ones(2), mode="single", batch_size=[2]))
+
+
+CLASS8 = "#26 class 8: a TensorDict module serves one calling convention per graph"
+
+
+def _linear_policy():
+    torch.manual_seed(0)
+    return TensorDictModule(nn.Linear(3, 2), in_keys=["obs"], out_keys=["act"])
+
+
+def _obs(k):
+    return torch.full((5, 3), float(k))
+
+
+class TestBothCallingConventions:
+    """One TensorDict module called with a TensorDict and with keywords (or a positional
+    tensor), in either order, as tensordict's wrapper and the plain module accept."""
+
+    @pytest.mark.xfail(strict=True, reason=CLASS8)
+    def test_keyword_call_after_tensordict_calls(self, backend):
+        module = _linear_policy()
+        g = CudaGraphModule(module, warmup=1, backend=backend)
+        with torch.no_grad():
+            for k in range(3):
+                td = TensorDict(obs=_obs(k), batch_size=[5])
+                assert g(td) is td
+            torch.testing.assert_close(g(obs=_obs(7)), module(obs=_obs(7)))
+            td = TensorDict(obs=_obs(8), batch_size=[5])
+            assert g(td) is td
+            torch.testing.assert_close(td["act"], module(obs=_obs(8)))
+
+    @pytest.mark.xfail(strict=True, reason=CLASS8)
+    def test_tensordict_call_after_keyword_calls(self, backend):
+        module = _linear_policy()
+        g = CudaGraphModule(module, warmup=1, backend=backend)
+        with torch.no_grad():
+            for k in range(3):
+                torch.testing.assert_close(g(obs=_obs(k)), module(obs=_obs(k)))
+            td, td_eager = TensorDict(obs=_obs(7), batch_size=[5]), TensorDict(obs=_obs(7), batch_size=[5])
+            assert g(td) is td
+            module(td_eager)
+            assert (td == td_eager).all()
+
+    @pytest.mark.xfail(strict=True, reason=CLASS8)
+    def test_positional_tensor_after_tensordict_calls(self, backend):
+        module = _linear_policy()
+        g = CudaGraphModule(module, warmup=1, backend=backend)
+        with torch.no_grad():
+            for k in range(3):
+                g(TensorDict(obs=_obs(k), batch_size=[5]))
+            torch.testing.assert_close(g(_obs(7)), module(_obs(7)))
+
+    @pytest.mark.xfail(strict=True, reason=CLASS8)
+    def test_a_tensor_where_a_tensordict_was_captured_is_named(self):
+        # a function taking a TensorDict (in_keys=[]) is called with a tensor: not servable
+        # (the plain function fails), and the message says what differs
+        g = CudaGraphModule(lambda td: td["a"] * 2, in_keys=[], warmup=1, backend="simulate")
+        for k in range(3):
+            g(TensorDict(a=_obs(k), batch_size=[5]))
+        with pytest.raises(InputMismatchError) as info:
+            g(_obs(7))
+        assert str(info.value).splitlines() == [
+            "CudaGraphModule(<lambda>) was captured with other inputs than this call's (1 mismatch):",
+            "  tensordict: expected type a TensorDict, got a tensor of shape (5, 3), torch.float32 on cpu",
+            "To fix: pass the same kinds of values as at capture (a tensor where a tensor was captured).",
+        ]
