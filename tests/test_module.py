@@ -208,3 +208,84 @@ class TestDebugDump:
     def test_debug_must_be_bool(self, value):
         with pytest.raises(ValueError, match=rf"debug must be True or False \(got {value!r}\)"):
             CudaGraphModule(lambda x: x, backend="eager", debug=value)
+
+
+CLASS9 = "#26 class 9: without CUDA, max_graphs is ignored: a second signature is refused"
+
+
+def _double(x):
+    return x * 2
+
+
+# call sequences: (shape, grad enabled) per call, and the wrapper's options
+SEQUENCES = {
+    "second_batch_size": ([(3, True)] * 3 + [(4, True)] * 3 + [(3, True), (4, True)], {"max_graphs": 2}),
+    "grad_mode_switch": ([(3, True)] * 3 + [(3, False)] * 3 + [(3, True)], {"max_graphs": 2}),
+    "third_signature_refused": ([(3, True)] * 3 + [(4, True)] * 3 + [(5, True)], {"max_graphs": 2}),
+    "evict": ([(3, True)] * 3 + [(4, True)] * 3 + [(3, True)] * 3, {"on_graph_limit": "evict"}),
+    "one_graph": ([(3, True)] * 3 + [(4, True)], {}),
+}
+SEQUENCES_SERVED = {"one_graph"}
+
+
+def _outcomes(backend, calls, options):
+    g = CudaGraphModule(_double, warmup=1, backend=backend, **options)
+    out = []
+    for n, grad in calls:
+        x = torch.arange(float(n), requires_grad=True)
+        with torch.set_grad_enabled(grad):
+            try:
+                got = g(x)
+            except InputMismatchError as err:
+                out.append(("refused", err.mismatches[0].kind))
+                break
+            torch.testing.assert_close(got, _double(x))
+            out.append(("served", got.requires_grad))
+    return out
+
+
+class TestEagerAcceptsWhatGraphsAccept:
+    """The CPU fallback (backend="eager", or "auto" without CUDA) serves and refuses the calls
+    the graph path does (simulated here), ``max_graphs`` included."""
+
+    @pytest.mark.parametrize("name", sorted(SEQUENCES))
+    def test_the_same_calls_are_served(self, request, name):
+        if name not in SEQUENCES_SERVED:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=CLASS9))
+        calls, options = SEQUENCES[name]
+        assert _outcomes("eager", calls, options) == _outcomes("simulate", calls, options)
+
+
+MESSAGES = "#26 messages: without CUDA, errors speak of a capture that never happened"
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the no-CUDA fallback")
+class TestMessagesWithoutCuda:
+    @staticmethod
+    def _eager(**options):
+        with pytest.warns(UserWarning, match="CUDA is not available"):
+            return CudaGraphModule(lambda x: x + 1, warmup=1, **options)
+
+    @pytest.mark.xfail(strict=True, reason=MESSAGES)
+    def test_a_mismatch_does_not_speak_of_a_capture(self):
+        g = self._eager()
+        for _ in range(2):
+            g(torch.zeros(3))
+        with pytest.raises(InputMismatchError) as info:
+            g(torch.zeros(4))
+        assert str(info.value).splitlines()[:2] == [
+            "CudaGraphModule(<lambda>) runs eagerly (no CUDA graph) and its first call after warmup had other "
+            "inputs than this call's (1 mismatch):",
+            "  args[0]: expected shape (3,), got (4,)",
+        ]
+
+    @pytest.mark.xfail(strict=True, reason=MESSAGES)
+    @pytest.mark.parametrize("calls", [0, 3])
+    def test_debug_dump_does_not_advise_waiting_for_a_capture(self, calls):
+        g = self._eager(debug=True)
+        for _ in range(calls):
+            g(torch.zeros(3))
+        with pytest.raises(GraphStateError) as info:
+            g.debug_dump("graph.dot")
+        assert str(info.value) == ("CudaGraphModule(<lambda>) records no CUDA graph (no CUDA: it runs eagerly): "
+                                   "there is no graph structure to dump; use backend='cuda' on a GPU.")
