@@ -719,3 +719,51 @@ class TestCuda:
                 _close(p.grad, q.grad)
             opt_g.step()
             opt_e.step()
+
+
+CLASS13 = "#26 class 13: a torch.compile'd module as a layer raises torch's raw donated-buffers error"
+
+
+class TestCompiledLayer:
+    """A ``torch.compile``'d module used as a graphed layer. Its backward may free the
+    activations it saved (AOTAutograd's donated buffers), which a backward captured once and
+    replayed cannot allow: refused at capture naming the cause and the fix, or served."""
+
+    @staticmethod
+    def _compiled():
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        block = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        return block, copy.deepcopy(block), torch.compile(block, backend="aot_eager")
+
+    @pytest.mark.xfail(strict=True, reason=CLASS13)
+    def test_donated_buffers_are_refused_at_capture(self, graph_backend):
+        block, _, compiled = self._compiled()
+        g = CudaGraphModule(compiled, warmup=2, backend=graph_backend)
+        x = torch.randn(3, 4)
+        for _ in range(2):
+            g(x).sum().backward()
+        for _ in range(2):  # refused at the capture, and again at the next call: no raw error
+            with pytest.raises(UnsupportedError, match=(
+                r"^CudaGraphModule\(Sequential\) cannot replay this call as a CUDA graph: .*torch\.compile.*"
+                r"donated buffers.*\nTo fix: .*torch\._functorch\.config\.donated_buffer = False")):
+                g(x)
+        assert g.state == "warmup"
+
+    def test_without_donated_buffers_gradients_equal_eager(self, graph_backend, monkeypatch):
+        # the fix the refusal gives: compiled without donated buffers, the layer is served
+        monkeypatch.setattr(torch._functorch.config, "donated_buffer", False)
+        block, twin, compiled = self._compiled()
+        g = CudaGraphModule(compiled, warmup=2, backend=graph_backend)
+        for i in range(5):
+            x = torch.randn(3, 4)
+            block.zero_grad()
+            twin.zero_grad()
+            out, want = g(x), twin(x)
+            (out * (i + 1)).sum().backward()
+            (want * (i + 1)).sum().backward()
+            _close(out, want)
+            _check_grads(block, twin)
+        assert g.state == "captured"
