@@ -249,3 +249,37 @@ def test_returned_nested_tensordict_deleted_from_its_parent_afterwards(graph_bac
         out = g(a0, k0=k0)
         assert out["b"] is inner and list(k0.keys()) == ["x"]
         torch.testing.assert_close(out["b", "new"], a0)
+
+
+CLASS14 = "#26 class 14: a function changing an input's shape or strides in place fails at replay"
+
+METADATA = {
+    "t_": (lambda x: x.t_(), (2, 3), "shape (2, 3), stride (3, 1) → shape (3, 2), stride (1, 3)"),
+    "transpose_": (lambda x: x.transpose_(0, 1), (2, 3), "shape (2, 3), stride (3, 1) → shape (3, 2), stride (1, 3)"),
+    "unsqueeze_": (lambda x: x.unsqueeze_(0), (4,), "shape (4,), stride (1,) → shape (1, 4), stride (4, 1)"),
+    "squeeze_": (lambda x: x.squeeze_(0), (1, 3), "shape (1, 3), stride (3, 1) → shape (3,), stride (1,)"),
+    "resize_": (lambda x: x.resize_(2), (4,), "shape (4,), stride (1,) → shape (2,), stride (1,)"),
+    "as_strided_": (lambda x: x.as_strided_((2,), (2,)), (4,), "shape (4,), stride (1,) → shape (2,), stride (2,)"),
+}
+
+
+@pytest.mark.xfail(strict=True, reason=CLASS14)
+@pytest.mark.parametrize("op", sorted(METADATA))
+def test_an_input_changed_in_shape_or_strides_in_place_is_refused_at_capture(graph_backend, op):
+    change, shape, was = METADATA[op]
+
+    def fn(x):
+        change(x)
+        return x * 2
+
+    g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+    g(torch.ones(shape))
+    x = torch.ones(shape)
+    with pytest.raises(UnsupportedError) as info:
+        g(x)
+    assert str(info.value) == (
+        f"CudaGraphModule(fn) cannot replay this call as a CUDA graph: args[0] changed its shape or strides in "
+        f"place ({was}); a replay copies each call's tensors into fixed buffers and cannot change the caller's "
+        "tensor's shape.\nTo fix: use the out-of-place form (x = x.t(), x = x.unsqueeze(0)) and return the result."
+    )
+    assert x.shape == shape and g.state == "warmup"  # the caller's tensor is untouched
