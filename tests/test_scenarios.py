@@ -5,6 +5,10 @@ Every focus registered by a ``tests/differential/scenario_*.py`` module is fuzze
 ``tests/differential/fuzz.py`` (``GM_FUZZ_EXAMPLES``, ``GM_FUZZ_BACKEND``, ...). Each focus
 gets ``GM_FUZZ_EXAMPLES`` times :data:`SHARE` cases. See ``tests/differential/scenarios.py``
 for what is compared.
+
+A focus named ``xfail_...`` draws programs that today's code gets wrong (issue #26): it runs
+as a strict expected failure (``test_scenario_fuzz_known_failures``), so that it turns red
+once fixed, when the fix renames it. ``pytest --runxfail`` prints what it finds.
 """
 
 import importlib
@@ -21,20 +25,36 @@ for _info in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{package.__name__}.{_info.name}")
 
 SHARE = 0.2  # of GM_FUZZ_EXAMPLES, per focus
+KNOWN_CASES = 30  # at least, for a known failure: too few cases could miss it (a strict xpass)
+FOCI = sorted(focus for focus in REGISTRY if not focus.startswith("xfail_"))
+KNOWN = sorted(focus for focus in REGISTRY if focus.startswith("xfail_"))
+KNOWN_REASON = "#26: this focus's generator finds silent differences of today's code; its fix renames the focus"
 
 
-@pytest.mark.parametrize("focus", sorted(REGISTRY))
+def _cases(focus: str) -> float:
+    return EXAMPLES * SHARE if focus in FOCI else max(EXAMPLES * SHARE, KNOWN_CASES)
+
+
+@pytest.mark.parametrize("focus", FOCI)
 def test_scenario_fuzz(focus, capsys):
     cuda_backend_or_skip()
     run_fuzz(f"scenario {focus}", REGISTRY[focus](), check_scenario, EXAMPLES * SHARE, BACKEND, DEVICE, capsys)
 
 
+@pytest.mark.xfail(strict=True, reason=KNOWN_REASON)
+@pytest.mark.parametrize("focus", KNOWN)
+def test_scenario_fuzz_known_failures(focus, capsys):
+    cuda_backend_or_skip()
+    run_fuzz(f"scenario {focus}", REGISTRY[focus](), check_scenario, _cases(focus), BACKEND, DEVICE, capsys)
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("focus", sorted(REGISTRY))
+@pytest.mark.parametrize("focus", FOCI + [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=KNOWN_REASON))
+                                          for f in KNOWN])
 def test_scenario_fuzz_on_cuda_graphs(focus, capsys):
     if BACKEND == "cuda":
         pytest.skip("GM_FUZZ_BACKEND=cuda: test_scenario_fuzz runs on the GPU already")
-    run_fuzz(f"cuda scenario {focus}", REGISTRY[focus](), check_scenario, EXAMPLES * SHARE, "cuda", "cuda", capsys)
+    run_fuzz(f"cuda scenario {focus}", REGISTRY[focus](), check_scenario, _cases(focus), "cuda", "cuda", capsys)
 
 
 PLANTED = {
