@@ -239,9 +239,11 @@ class TestTensorDictArgumentOfAPlainFunction:
 CLASS8 = "#26 class 8: a TensorDict module serves one calling convention per graph"
 
 
-def _linear_policy():
+def _linear_policy(backend):
+    """A TensorDict module, and its wrapper."""
     torch.manual_seed(0)
-    return TensorDictModule(nn.Linear(3, 2), in_keys=["obs"], out_keys=["act"])
+    module = TensorDictModule(nn.Linear(3, 2), in_keys=["obs"], out_keys=["act"])
+    return module, CudaGraphModule(module, warmup=1, backend=backend)
 
 
 def _obs(k):
@@ -254,8 +256,7 @@ class TestBothCallingConventions:
 
     @pytest.mark.xfail(strict=True, reason=CLASS8)
     def test_keyword_call_after_tensordict_calls(self, backend):
-        module = _linear_policy()
-        g = CudaGraphModule(module, warmup=1, backend=backend)
+        module, g = _linear_policy(backend)
         with torch.no_grad():
             for k in range(3):
                 td = TensorDict(obs=_obs(k), batch_size=[5])
@@ -267,8 +268,7 @@ class TestBothCallingConventions:
 
     @pytest.mark.xfail(strict=True, reason=CLASS8)
     def test_tensordict_call_after_keyword_calls(self, backend):
-        module = _linear_policy()
-        g = CudaGraphModule(module, warmup=1, backend=backend)
+        module, g = _linear_policy(backend)
         with torch.no_grad():
             for k in range(3):
                 torch.testing.assert_close(g(obs=_obs(k)), module(obs=_obs(k)))
@@ -279,8 +279,7 @@ class TestBothCallingConventions:
 
     @pytest.mark.xfail(strict=True, reason=CLASS8)
     def test_positional_tensor_after_tensordict_calls(self, backend):
-        module = _linear_policy()
-        g = CudaGraphModule(module, warmup=1, backend=backend)
+        module, g = _linear_policy(backend)
         with torch.no_grad():
             for k in range(3):
                 g(TensorDict(obs=_obs(k), batch_size=[5]))

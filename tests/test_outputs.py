@@ -133,6 +133,11 @@ class _Tagged(torch.Tensor):
     """A tensor subclass a function may return."""
 
 
+def _xfail_unless(request, served: bool, what: str) -> None:
+    if not served:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=CLASS6.format(what)))
+
+
 class TestReturnedObjectsAsEagerly:
     """What a call returns is the object the plain call returns: a new view of a parameter or
     buffer per call, lazy conjugate and negative bits, tensor subclasses and ``nn.Parameter``.
@@ -186,9 +191,8 @@ class TestReturnedObjectsAsEagerly:
     @pytest.mark.parametrize("outputs", ["safe", "clone", "static"])
     @pytest.mark.parametrize("case", sorted(LAZY))
     def test_results_with_lazy_conjugate_or_negative_bits(self, graph_backend, request, case, outputs):
-        if (case, outputs) not in self.LAZY_SERVED:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=CLASS6.format(
-                "the conjugate/negative bit of a result is dropped (wrong values) or resolved")))
+        _xfail_unless(request, (case, outputs) in self.LAZY_SERVED,
+                      "the conjugate/negative bit of a result is dropped (wrong values) or resolved")
         fn, dtype = self.LAZY[case]
         g = CudaGraphModule(fn, warmup=1, backend=graph_backend, outputs=outputs)
         for k in range(5):
@@ -207,9 +211,8 @@ class TestReturnedObjectsAsEagerly:
     @pytest.mark.parametrize("outputs", ["safe", "clone", "static"])
     @pytest.mark.parametrize("case", sorted(KINDS))
     def test_parameter_and_subclass_results_keep_their_type(self, graph_backend, request, case, outputs):
-        if (case, outputs) not in self.KINDS_SERVED:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=CLASS6.format(
-                "a Parameter or subclass result comes back as a plain Tensor")))
+        _xfail_unless(request, (case, outputs) in self.KINDS_SERVED,
+                      "a Parameter or subclass result comes back as a plain Tensor")
         fn = self.KINDS[case]
         g = CudaGraphModule(fn, warmup=1, backend=graph_backend, outputs=outputs)
         for k in range(4):
