@@ -274,8 +274,8 @@ class TestMessagesWithoutCuda:
         with pytest.raises(InputMismatchError) as info:
             g(torch.zeros(4))
         assert str(info.value).splitlines()[:2] == [
-            "CudaGraphModule(<lambda>) runs eagerly (no CUDA graph) and its first call after warmup had other "
-            "inputs than this call's (1 mismatch):",
+            "CudaGraphModule(<lambda>) was first called after warmup (eagerly: no CUDA graph) with other inputs "
+            "than this call's (1 mismatch):",
             "  args[0]: expected shape (3,), got (4,)",
         ]
 
