@@ -20,7 +20,7 @@ import warnings
 import torch
 from tensordict import TensorDict
 
-from examples.envs import Pendulum
+from examples.common.envs import Pendulum
 from graphmodule import CudaGraphModule
 
 __all__ = ["MODES", "Progress", "ReplayBuffer", "Report", "Threshold", "compiled", "gpu_seconds_per_call", "graphed",
@@ -106,8 +106,9 @@ def run_training(args, train) -> None:
         torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and thrash on a busy CPU)
     if "graph" in args.mode and args.graph_backend == "auto" and not torch.cuda.is_available():
         print(f"note: --mode {args.mode} without CUDA: graphmodule runs the functions eagerly (same training)")
-    # graphmodule warns once per wrapper without CUDA; once is enough here
-    warnings.filterwarnings("once", message="CudaGraphModule: CUDA is not available")
+    # graphmodule's no-CUDA warning says what the note above said, and it would come while the
+    # progress bar is drawn (the wrappers are made then), breaking its line
+    warnings.filterwarnings("ignore", message="CudaGraphModule: CUDA is not available")
     train(args)
 
 
