@@ -24,3 +24,16 @@ autodoc_typehints = "description"
 html_theme = "furo"
 html_title = f"graphmodule {release}"
 html_static_path = []
+
+
+def _prepare(app, what, name, obj, options, lines):
+    """Before napoleon reads a docstring: the package's map of its private modules (for
+    contributors) is left out, and a "Keyword-only options:" section, whose name napoleon's
+    section pattern cannot match (the hyphen), is read as "Keyword Args:"."""
+    if what == "module" and name == "graphmodule":
+        lines.clear()
+    lines[:] = ["Keyword Args:" if line == "Keyword-only options:" else line for line in lines]
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _prepare, priority=100)  # napoleon's runs at 500
