@@ -52,6 +52,8 @@ pytest-benchmark; matplotlib for the chart):
 python benchmarks/run.py --out benchmarks/results/DATE-GPU   # the side-by-side table, the programs' A/B, memory
 python benchmarks/report.py                                   # this file, from benchmarks/results/
 ```
+
+<!-- docs/performance.md includes this file from here on -->
 """
 
 SIDE_BY_SIDE = """\
@@ -174,8 +176,8 @@ def render(results_dir: str = RESULTS_DIR, charts: bool = True) -> str:
         parts.append(PROGRAMS_TEXT)
     for name, env in progs:
         table = programs_table(program_rows(os.path.join(results_dir, name, "programs.md")))
-        parts.append(f"### {describe(env)}\n\n{table}\n\nEach run's row: [`{rel}/{name}/programs.md`]"
-                     f"({rel}/{name}/programs.md) (with the host µs per call of each wrapped function).\n")
+        parts.append(f"### {describe(env)}\n\n{table}\n\nEach run's row, with the host µs per call of each "
+                     f"wrapped function: `benchmarks/{rel}/{name}/programs.md`.\n")
 
     for name, env in found:
         path = os.path.join(results_dir, name, "memory.json")
@@ -198,8 +200,8 @@ def render(results_dir: str = RESULTS_DIR, charts: bool = True) -> str:
     if os.path.exists(os.path.join(results_dir, "published-reference", "published_reference.md")):
         parts.append("## The published configurations, for reference\n\nThe env steps the published CleanRL "
                      "configurations need to reach a return of -200 on gymnasium's Pendulum-v1 "
-                     f"(`benchmarks/published_reference.py`): [`{rel}/published-reference/published_reference.md`]"
-                     f"({rel}/published-reference/published_reference.md).\n")
+                     f"(`benchmarks/published_reference.py`): `benchmarks/{rel}/published-reference/"
+                     "published_reference.md`.\n")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(parts)).rstrip() + "\n"
 
 
