@@ -85,3 +85,16 @@ def test_page_code_runs(page, monkeypatch):
         torch.manual_seed(0)
         run_page(page)
 
+
+
+def test_troubleshooting_covers_every_error_and_capture_cause():
+    """Each error class graphmodule exports has its section, and each cause a CaptureError can
+    name (graphmodule/_diagnose.py) its row, with the fix."""
+    from graphmodule import _diagnose
+
+    with open(os.path.join(DOCS, "troubleshooting.md")) as f:
+        page = f.read()
+    errors = [n for n in graphmodule.__all__ if n.endswith("Error") and n != "GraphModuleError"]
+    assert errors and all(f"\n## {name}\n" in page for name in errors), errors
+    causes = [cause for _, cause, _ in _diagnose._CAUSES] + [_diagnose.USER_ERROR]
+    assert all(f"\n| `{cause}` | " in page for cause in causes), causes
