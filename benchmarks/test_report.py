@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
 from report import RESULTS_MD, program_rows, programs_table, render
+from side_by_side import per_call
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -32,14 +35,34 @@ def test_program_rows_and_their_summary(tmp_path):
     ]
 
 
-def test_entry_point_writes_what_the_report_reads(tmp_path):
-    """``run.py --smoke`` (one workload, the CPU's short mode) and ``report.py`` on its folder."""
-    measurement = tmp_path / "results" / "today-cpu"
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), "--smoke", "--only", "side-by-side",
-                           "-k", "tiny_fn", "--out", str(measurement)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "| `x*2+1`, 16 floats | " in proc.stdout
-    results = json.loads((measurement / "side_by_side.json").read_text())
-    assert set(results["tiny_fn"]["us_per_call"]) >= {"eager", "graphmodule", "graphmodule_static"}
+def test_side_by_side_results_from_pytest_benchmark_and_their_report(tmp_path):
+    """``side_by_side.per_call`` turns pytest-benchmark's JSON into µs per call with the floor each
+    workload is compared with; ``report.render`` makes a measurement folder's table of it."""
+    us = {("policy_b1", "floor"): 15.0, ("policy_b1", "graphmodule"): 30.0, ("policy_td_b1", "graphmodule"): 45.0,
+          ("many_leaves_td_64", "graphmodule"): 60.0, ("many_leaves_td_64", "floor"): 20.0}
+    raw = {"benchmarks": [{"extra_info": {"workload": w, "variant": v, "calls": 200}, "stats": {"median": t * 200e-6}}
+                          for (w, v), t in us.items()]}
+    (tmp_path / "raw.json").write_text(json.dumps(raw))
+    results = per_call(str(tmp_path / "raw.json"))
+    assert results["policy_b1"]["us_per_call"]["graphmodule"] == pytest.approx(30.0)
+    # a TensorDict workload against its plain twin's floor; the nested-leaves ones against none
+    assert results["policy_td_b1"]["floor_us"] == pytest.approx(15.0) and results["many_leaves_td_64"]["floor_us"] is None
+    measurement = tmp_path / "results" / "today-gpu"
+    measurement.mkdir(parents=True)
+    (measurement / "environment.json").write_text(json.dumps(
+        {"date": "today", "gpu": "a GPU", "torch": "2.x", "tensordict": "0.x", "python": "3.x"}))
+    (measurement / "side_by_side.json").write_text(json.dumps(results))
     text = render(str(tmp_path / "results"), charts=False)
-    assert "### no CUDA (CPU), measured " in text and "| `x*2+1`, 16 floats | " in text
+    assert "### a GPU, measured today (torch 2.x, tensordict 0.x, Python 3.x)" in text
+    assert "| MLP policy, batch 1 | — | 15.0 | — | — | 30.0 (2.00x) | — | — |" in text
+    assert "| same, TensorDict in/out | — | — | — | — | 45.0 (3.00x) | — | — |" in text
+    assert "| TensorDict module, 64 leaves | — | 20.0 | — | — | 60.0 | — | — |" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the entry point says without CUDA")
+def test_entry_point_without_cuda_says_what_it_needs(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "No CUDA GPU here: the floor, tensordict's wrapper and torch.compile's CUDA graphs need one." in proc.stdout
+    assert json.loads((tmp_path / "environment.json").read_text())["gpu"] == "no CUDA (CPU)"
