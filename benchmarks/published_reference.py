@@ -1,6 +1,6 @@
 """How many env steps the published single-file scripts need to reach -200 on Pendulum-v1.
 
-Issue #9 compares our many-env examples with the published single-file scripts (CleanRL's
+The training examples (``examples/train_ppo.py``, ``train_sac.py``) are compared with the published single-file scripts (CleanRL's
 ``ppo_continuous_action.py``, ``sac_continuous_action.py``, ``td3_continuous_action.py`` and
 LeanRL's ``*_torchcompile.py`` versions of them, which keep CleanRL's hyperparameters) by
 wall-clock time to a return of -200. Their speed is published (H200, gymnasium's Pendulum-v1,
@@ -70,7 +70,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PUBLISHED_STEPS_PER_S = {"ppo": 1800.0, "sac": 520.0, "td3": 650.0}  # H200, Pendulum-v1, 1 CPU env (#9)
+PUBLISHED_STEPS_PER_S = {"ppo": 1800.0, "sac": 520.0, "td3": 650.0}  # H200, Pendulum-v1, 1 CPU env (published)
 CAPS = {"ppo": 1_000_000, "sac": 60_000, "td3": 60_000}
 SMOKE_CAPS = {"ppo": 512, "sac": 300, "td3": 300}
 ALGOS = ("sac", "td3", "ppo")
@@ -624,7 +624,7 @@ def markdown(runs: list[dict]) -> str:
         f"Mean raw return of the latest {win} finished episodes (RecordEpisodeStatistics, before PPO's "
         "reward normalization); one env; CleanRL/LeanRL default hyperparameters; eager torch on CPU "
         "(`benchmarks/published_reference.py`). Estimated published time-to-threshold = env steps / the "
-        "published scripts' env steps/s on an H200 (PPO 1 800, SAC 520, TD3 650; issue #9). For SAC and "
+        "published scripts' env steps/s on an H200 (PPO 1 800, SAC 520, TD3 650). For SAC and "
         "TD3 those rates are the learning phase's (LeanRL starts its speed counter after `learning_starts`: "
         "5 000 and 25 000 random-action steps without updates, which run faster at a rate not published), "
         "so the published time lies between *all steps* (every step at the published rate) and "

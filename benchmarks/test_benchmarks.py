@@ -2,7 +2,7 @@
 
 On a GPU each round times ``CALLS`` back-to-back calls (``out = call()``: each result is
 held until the next call returns, as in a loop) and one synchronisation
-(``compare.py`` divides by ``CALLS``). Without CUDA the suite runs in a short mode:
+(``side_by_side.py`` divides by ``CALLS``). Without CUDA the suite runs in a short mode:
 the GPU-only variants are skipped and graphmodule runs its eager fallback, so the
 suite keeps working in CI without timing anything meaningful.
 """

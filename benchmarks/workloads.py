@@ -2,12 +2,11 @@
 
 Each workload builds a callable and a fixed call (args, kwargs) on a device. Each
 variant wraps the callable: eager, the hand-written ``torch.cuda.graph`` copy+replay
-loop (the floor no wrapper can beat), tensordict's ``CudaGraphModule``,
-``torch.compile(mode="reduce-overhead")``, graphmodule (default ``outputs="clone"``: a copy
-per call), graphmodule with ``outputs="safe"`` (lent buffers; the benchmark holds each result
-until the next call returns, as a loop does, so its two captures alternate) and graphmodule
-with zero-copy ``outputs="static"``. Used by ``test_benchmarks.py`` (pytest-benchmark)
-and ``compare.py`` (the table).
+loop (the *floor*: no wrapper that copies its inputs can beat it), the same with its
+outputs cloned, tensordict's ``CudaGraphModule``, ``torch.compile(mode="reduce-overhead")``,
+and graphmodule with its default ``outputs="safe"`` (the benchmark holds each result until
+the next call returns, as a loop does), ``outputs="clone"`` and zero-copy ``outputs="static"``.
+Used by ``test_benchmarks.py`` (pytest-benchmark) and ``side_by_side.py`` (the table).
 """
 
 from __future__ import annotations
@@ -138,6 +137,17 @@ def sac_update(device, batch=256):
     )
     return Case(update, args, {}, grad=True, warmup=3)
 
+
+# What each workload is, in the tables' words.
+LABELS = {
+    "tiny_fn": "`x*2+1`, 16 floats",
+    "policy_b1": "MLP policy, batch 1",
+    "policy_td_b1": "same, TensorDict in/out",
+    "nested_td_12leaves_b64": "TensorDict module, 6 of 12 nested leaves, batch 64",
+    "many_leaves_td_64": "TensorDict module, 64 leaves",
+    "sac_update_b256": "SAC critic+actor update with Adam, batch 256",
+    "policy_b16384": "MLP policy, batch 16384",
+}
 
 WORKLOADS: dict[str, Callable[[torch.device], Case]] = {
     "tiny_fn": tiny,

@@ -1,2 +1,1 @@
-"""Runnable examples; ``examples.envs`` holds the batched torch Pendulum used by the program tests,
-``examples.training`` what the two training scripts share."""
+"""Runnable examples (``python examples/NAME.py --help``); ``examples.common`` holds what they share."""

@@ -44,7 +44,10 @@ def main(calls: int = 1000) -> None:
         diff = (graphed(obs) - policy(obs)).abs().max().item()
         eager_us, graphed_us = per_call_us(policy, obs, calls), per_call_us(graphed, obs, calls)
     print(f"state: {graphed.state}; max |graphed - eager| = {diff:.2e}")
-    print(f"eager {eager_us:.1f} us/call, graphed {graphed_us:.1f} us/call ({eager_us / graphed_us:.1f}x)")
+    if graphed.stats.replays:
+        print(f"eager {eager_us:.1f} us/call, graphed {graphed_us:.1f} us/call ({eager_us / graphed_us:.1f}x)")
+    else:
+        print("no CUDA: ran eagerly, no speed-up measured")
 
     try:
         graphed(torch.randn(1, 17, device=device, dtype=torch.float64))

@@ -1,20 +1,14 @@
-"""The table of the training examples' runs, and their curves side by side.
+"""The training examples' runs as one markdown table, and their curves side by side.
 
-    python examples/results_table.py DIR              # print the markdown table
-    python examples/results_table.py DIR --plot       # and write DIR/<script>.png
+    python examples/results_table.py                  # the runs in results/ (the examples' usual --out)
+    python examples/results_table.py DIR --plot       # the runs below DIR, and DIR/<script>.png
     python examples/results_table.py DIR --plot-only  # only the plots
-    python examples/results_table.py DIR --goals      # the table, then #9's one-env goals
+    python examples/results_table.py DIR --goals      # the table, then the one-env runs against their targets
 
-Reads every ``*_summary.json`` below ``DIR`` (what ``train_ppo.py`` and ``train_sac.py``
-write with ``--out``; ``scripts/gpu_examples.sh`` puts each configuration in its own folder)
-and prints one markdown table: script, envs, mode, env steps/s over the whole run and steady
-(after warmup, capture and compilation), the GPU floor where measured (SAC on CUDA: env steps/s
-if the GPU ran nothing but one update per env step, and the steady speed's share of it), seconds
-and env steps until the return first reached the threshold, and the final return (the mean of
-the latest 10 or more finished episodes, as for the threshold). A summary with an ``"error"``
-(a run that failed or was skipped, written by ``scripts/gpu_examples.sh``) shows as such.
-With ``--plot`` (or ``--plot-only``), ``DIR/<script>.png`` draws return against wall-clock seconds for each mode,
-one panel per number of envs, from the CSV beside each summary.
+Reads every ``*_summary.json`` below ``DIR`` (what ``train_ppo.py`` and ``train_sac.py`` write
+with ``--out``) and prints: script, envs, mode, env steps/s (whole run and steady), the GPU floor
+where measured (SAC on CUDA), time and env steps to the threshold, and the final return. The
+plots draw return against wall-clock seconds for each mode, a panel per number of envs.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ import glob
 import json
 import os
 
-MODES = ("eager", "graph", "compile", "compile+graph")  # as examples/training.py; no torch import here
+MODES = ("eager", "graph", "compile", "compile+graph")  # as examples/common/training.py; no torch import here
 
 __all__ = ["goals", "load", "markdown_table", "plot"]
 
@@ -88,13 +82,13 @@ def markdown_table(results: list[dict]) -> str:
 
 
 # the published single-file scripts (tensordict's wrapper, gymnasium's Pendulum, one CPU env) on
-# an H200, in env steps/s (issue #9)
+# an H200, in env steps/s
 PUBLISHED = {"train_ppo": 1_800, "train_sac": 520}
 PPO_GOAL, SAC_GOAL = 3.0, 0.9  # PPO: >= 3x the published script; SAC: within 10% of its update's GPU time
 
 
 def goals(results: list[dict]) -> list[str]:
-    """The two one-env goals of #9, from the ``graph`` runs with one env: PPO's steady env
+    """The one-env targets, from the ``graph`` runs with one env: PPO's steady env
     steps/s against ``PPO_GOAL`` times the published script's, and SAC's steady env steps/s
     against its GPU floor (one update per env step, ``"floor"`` in its summary)."""
     lines = []
@@ -174,14 +168,20 @@ def plot(results: list[dict], out_dir: str) -> list[str]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dir", help="the folder holding the runs' *_summary.json (searched recursively)")
+    parser.add_argument("dir", nargs="?", default="results",
+                        help="the folder holding the runs' *_summary.json, searched recursively (default: results)")
     parser.add_argument("--plot", action="store_true", help="also write DIR/<script>.png (needs matplotlib)")
     parser.add_argument("--plot-only", action="store_true", help="write DIR/<script>.png, print no table")
-    parser.add_argument("--goals", action="store_true", help="after the table, the two one-env goals of #9")
+    parser.add_argument("--goals", action="store_true", help="after the table, the one-env runs against their targets "
+                        "(PPO: 3x the published script's env steps/s; SAC: within 10%% of its GPU floor)")
     args = parser.parse_args(argv)
     results = load(args.dir)
     if not results:
-        raise SystemExit(f"no *_summary.json below {args.dir}")
+        print(f"No training runs below {args.dir}/ yet. Make some first, e.g.\n"
+              f"    python examples/train_ppo.py --mode graph --out {args.dir}/\n"
+              f"    python examples/train_ppo.py --mode eager --out {args.dir}/\n"
+              f"then run this again (python examples/results_table.py --help for more).")
+        return
     if not args.plot_only:
         print(markdown_table(results))
         if args.goals:

@@ -73,8 +73,11 @@ def main(steps: int = 500) -> None:
         graphed(last)
     loc_diff = (last["loc"] - ref["loc"]).abs().max().item()
     fresh = not torch.equal(actions[-1], actions[-2])
-    print(f"rollout of {steps} steps x {ENVS} envs: eager {eager_us:.1f} us/step, graphed {graphed_us:.1f} us/step "
-          f"({eager_us / graphed_us:.1f}x)")
+    if graphed.stats.replays:
+        print(f"rollout of {steps} steps x {ENVS} envs: eager {eager_us:.1f} us/step, graphed {graphed_us:.1f} us/step "
+              f"({eager_us / graphed_us:.1f}x)")
+    else:
+        print(f"rollout of {steps} steps x {ENVS} envs: no CUDA: ran eagerly, no speed-up measured")
     print(f"max |loc graphed - eager| = {loc_diff:.2e}; fresh noise at each replay: {fresh}")
 
     with torch.no_grad():

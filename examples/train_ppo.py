@@ -1,78 +1,17 @@
-"""PPO on the batched torch Pendulum, eagerly, as CUDA graphs, compiled, or both.
+"""PPO on a batched torch Pendulum: a whole training iteration as one CUDA graph.
 
-    python examples/train_ppo.py --mode graph --out results/
-    python examples/train_ppo.py --mode eager --envs 1 --rollout 1024 --minibatch 64 --max-seconds 60
-    python examples/train_ppo.py --smoke --mode graph       # a few seconds on a CPU
+    python examples/train_ppo.py --mode graph --out results/      # then: examples/results_table.py results/
+    python examples/train_ppo.py --mode eager --envs 1 --rollout 1024 --minibatch 64
+    python examples/train_ppo.py --smoke --mode graph              # a few seconds on a CPU
 
-``--mode``:
-
-- ``eager``: plain PyTorch.
-- ``graph``: ``graphmodule.CudaGraphModule`` around one function, ``iteration``: a whole PPO
-  iteration as one CUDA graph, replayed once per iteration with no host synchronisation. It
-  holds the learning rate's annealing step (a device tensor computed from a device counter),
-  the rollout (``--rollout`` steps of policy, env step and auto-reset), the rollout's storage,
-  GAE, the finished episodes' returns counted on the device, and then ``--epochs`` passes over
-  the rollout in shuffled minibatches, each one update (loss, ``backward()``, gradient
-  clipping, ``Adam.step()``; Adam with ``capturable=True``, fused). The shuffles are drawn on
-  the device (``argsort`` of ``torch.rand``) and the minibatches gathered with
-  ``index_select``, inside the graph. Outside it: the loop and the progress report.
-- ``compile``: ``torch.compile`` on one env step (policy and env) and on the update. Not on
-  GAE: dynamo would unroll its loop over the rollout, which takes minutes to compile for long
-  rollouts.
-- ``compile+graph``: the same compiled functions inside the iteration graph (compiled during
-  the warmup calls).
-
-``eager`` runs the very function the graph modes wrap. Without CUDA the graph modes still
-run: graphmodule warns once and calls the function eagerly (with its input checks), so they
-train exactly like ``eager``; ``--graph-backend simulate`` runs graphmodule's capture and replay
-machinery on the CPU instead, with the same result.
-
-An iteration can be one graph because everything it touches stays on the device and in place:
-``examples.envs.Pendulum`` is tensor operations only (no host synchronisation; its state is
-updated in place and its reset states come from torch's default generator), the rollout's
-noise is ``torch.randn`` (actions are ``loc + scale * noise`` squashed by tanh;
-``torch.distributions`` would check ``scale`` on the host), the episode counters, the learning
-rate and its counter are device tensors written in place, and Adam's step counts live on the
-device (``capturable=True``). Every random number (noise, resets, shuffles) comes from torch's
-default generator, which a CUDA graph registers by itself and advances at every replay: each
-replay draws fresh numbers. The host reads the device only to report progress (once per
-``--log-every`` iterations). At one env a graphed step costs a few microseconds per kernel,
-whatever the work, so the rollout step is written in few kernels (the noise drawn for the
-whole rollout at once, the scale computed once, ``addcmul``; see also ``Pendulum.step``).
-
-A rollout lasts one whole episode (200 steps) by default: the envs start together and
-Pendulum truncates them all at step 200, so a shorter rollout of many envs trains on one phase
-of the episode at a time (all swing-up, then all balancing) and forgets the other; in runs on
-CPU, 256 envs with 16-step rollouts hovered between -200 and -600 for a million steps, and with
-200-step rollouts climbed steadily past -200. With one env, a rollout of 1024 steps spans five
-episodes; ``--envs 1 --rollout 1024 --minibatch 64`` (``scripts/gpu_examples.sh``) runs 160
-updates per 1024 env steps, the ratio of CleanRL's ``ppo_continuous_action`` (2048 steps, 32
-minibatches, 10 epochs).
-
-Output: a progress bar (tqdm if installed, else a printed line now and then) with env steps/s
-and the mean return of the latest finished episodes. With ``--out DIR``:
-``DIR/train_ppo_<mode>.csv`` (wall_seconds, env_steps, mean_return),
-``DIR/train_ppo_<mode>_summary.json`` (what the summary line says, with the device, the torch
-version, the graphs' counters and the settings) and ``DIR/train_ppo.png`` (mean return against
-wall-clock seconds for every ``train_ppo_*.csv`` in DIR; needs matplotlib). Last, one summary
-line: steps/s, the final return, the return of a uniformly random policy on the same
-environment (about -1260), and when the return first reached ``--threshold`` (default -200:
-the mean of the latest 10 or more finished episodes), in seconds and env steps.
-Wall-clock time counts everything from the first rollout on: warmup, graph capture and
-compilation included; ``steady_steps_per_s`` counts from the report after the third
-iteration (warmup, capture and compilation done) to the last report. ``--max-seconds S`` ends
-the run early (at the first report after S).
-
-Observed on CPU (2 cores shared with other work, torch 2.13 CPU build, ``--mode eager``, default
-settings: 64 envs, 200-step rollouts, 10 epochs of 512-sample minibatches, lr 1e-3 annealed,
-40 iterations = 512 000 env steps, seed 0): 253 s in all, about 2 000 env steps/s (an idle CPU
-ran an earlier version of this script in 48 s). The mean return of the finished training
-episodes rose from -1 161 (first episodes; random policy: -1 263) through -667 at 102 400 steps
-to -171 at 166 400 (the threshold), stayed between -153 and -205 after that, and ended at -159;
-the final policy's mean action scored -160.
-A run with ``--envs 1 --rollout 1024 --minibatch 64`` (eagerly, on the same CPU) reached the
-threshold at 27 648 env steps. GPU numbers: see benchmarks/RESULTS.md
-(``scripts/gpu_examples.sh`` runs every mode with one env and with many).
+``--mode graph`` wraps one function, ``iteration``, in ``graphmodule.CudaGraphModule``: the
+rollout (policy, env step and auto-reset, storage), GAE and every epoch's minibatch updates
+(Adam with ``capturable=True``), replayed once per iteration without a host synchronisation.
+``eager`` runs the same function unwrapped, ``compile`` uses ``torch.compile``,
+``compile+graph`` compiles inside the graph. Without CUDA the graph modes run eagerly (same
+training). The run shows a progress bar and ends with a summary line (env steps/s, final
+return, time to ``--threshold``); ``--out DIR`` writes a CSV, a JSON summary and a plot.
+How it is built, and results on a GPU: docs/rl-guide.md.
 """
 from __future__ import annotations
 
@@ -87,8 +26,8 @@ import torch
 from tensordict import TensorDict, from_module
 from torch import nn
 
-from examples.envs import Pendulum
-from examples.training import Report, compiled, graphed, parse_flags, run_training, wrap
+from examples.common.envs import Pendulum
+from examples.common.training import Report, compiled, graphed, parse_flags, run_training, wrap
 
 SCRIPT, ALGO = "train_ppo", "PPO"
 

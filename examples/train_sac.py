@@ -1,87 +1,17 @@
-"""SAC on the batched torch Pendulum, eagerly, as CUDA graphs, compiled, or both.
+"""SAC on a batched torch Pendulum: env steps and updates as CUDA graphs.
 
-    python examples/train_sac.py --mode graph --out results/
+    python examples/train_sac.py --mode graph --out results/      # then: examples/results_table.py results/
     python examples/train_sac.py --mode eager --envs 64 --steps 640000 --max-seconds 60
-    python examples/train_sac.py --smoke --mode graph       # a few seconds on a CPU
+    python examples/train_sac.py --smoke --mode graph              # a few seconds on a CPU
 
-``--mode``:
-
-- ``eager``: plain PyTorch.
-- ``graph``: ``graphmodule.CudaGraphModule`` around two functions, each one CUDA graph.
-  ``train_steps``, one call per ``POLICY_FREQUENCY`` (2) batched env steps, each: a batch
-  sampled from the replay buffer, then two branches: the critic update on it (twin Q losses,
-  ``backward()``, ``Adam.step()``, the target critics' soft update in place with ``lerp_``;
-  after the first step also the two delayed actor updates on the same batch, each the actor
-  loss through the critics' detached parameters, then the entropy temperature) and the env
-  step (the policy's action with its sampling, env step and auto-reset, the transitions
-  written into the buffer at device-side indices, the finished episodes counted). With
-  ``--overlap 1`` (the default) on CUDA the env step runs on a side stream, so the two are
-  parallel branches of the graph and the env step hides behind the updates. ``explore_steps``,
-  for the first ``--learning-starts`` steps: random actions, env steps and buffer writes. The
-  optimizers are Adam with ``capturable=True`` (and fused) on CUDA. Outside the graphs: the
-  loop and the progress report.
-- ``compile``: ``torch.compile`` on the collection (policy, env step, buffer write), the random
-  collection and both updates.
-- ``compile+graph``: the same compiled functions inside the graphs (compiled during the
-  warmup calls).
-
-``eager`` runs the very functions the graph modes wrap. Without CUDA the graph modes still
-run: graphmodule warns once and calls the functions eagerly (with its input checks), so they
-train exactly like ``eager``; ``--graph-backend simulate`` runs graphmodule's capture and replay
-machinery on the CPU instead, with the same result.
-
-The two branches share no tensor that the other writes, so they compute the same thing in
-any order: the batch is drawn before the env step writes the buffer (it never holds the step's
-own transition), and the env step acts with ``policy``, a copy of the actor with its own
-storage, refreshed (one ``_foreach_copy_``) once the actor updates and the env step are done.
-The order of the algorithm is CleanRL's (an env step, then the critic update; the actor
-updated twice every second step), except that a step's batch is drawn before its transition is
-stored.
-
-A step can be one graph because everything it touches stays on the device and in place:
-``examples.envs.Pendulum`` is tensor operations only (its state is updated in place and its
-reset states come from torch's default generator, which a graph replays afresh); the replay
-buffer (``examples.training.ReplayBuffer``) keeps its cursor and size in device tensors,
-writes with ``index_copy_`` and samples with ``torch.randint`` modulo the size; actions are
-sampled as ``loc + scale * torch.randn_like(loc)`` then squashed by tanh (fresh noise at every
-replay); the episode counters are device tensors added to in place. The host reads the device
-only to report progress (every ``--log-every`` steps).
-
-The floor. With one update per env step, SAC cannot run faster than the GPU runs that update:
-after training, on CUDA in the eager and graph modes, the script times with CUDA events the
-GPU time of one env step's share of the updates (a sampled batch, a critic and an actor
-update: ``update_gpu_us``), and of the step graph that training replays, per env step
-(``step_graph_gpu_us``; with ``--overlap 1`` also on one stream), each on a fresh agent as a
-graph of ten repetitions replayed ``--floor-calls`` times. ``floor_steps_per_s`` = envs /
-``update_gpu_us``; the summary's ``"floor"`` holds them all and ``steady_vs_floor``, the steady
-env steps/s over the floor (the goal of #9: 0.9 or more at one env).
-
-Output: a progress bar (tqdm if installed, else a printed line now and then) with env steps/s
-and the mean return of the latest finished episodes. With ``--out DIR``:
-``DIR/train_sac_<mode>.csv`` (wall_seconds, env_steps, mean_return),
-``DIR/train_sac_<mode>_summary.json`` (what the summary line says, with the device, the torch
-version, the graphs' counters and the settings) and ``DIR/train_sac.png`` (mean return against
-wall-clock seconds for every ``train_sac_*.csv`` in DIR; needs matplotlib). Last, one summary
-line: steps/s, the final return, the return of a uniformly random policy on the same
-environment (about -1260), and when the return first reached ``--threshold`` (default -200:
-the mean of the latest 10 or more finished episodes), in seconds and env steps.
-Wall-clock time counts everything from the first step on: warmup, graph capture and
-compilation included; ``steady_steps_per_s`` counts from the first report after the graphs
-are captured to the last report. ``--max-seconds S`` ends the run early (at the first report
-after S). A line ``floor: ...`` precedes the summary line where the floor was measured.
-
-Observed on CPU (2 cores, shared with other work, torch 2.13 CPU build, ``--mode eager``, default
-settings: 4 envs, 40 000 env steps = 10 000 batched steps, the first 250 of them with random
-actions, then 9 750 critic updates and 9 750 actor updates on batches of 256, hidden 128, seed
-0): 700 s in all on a busy CPU, about 57 env steps/s (an earlier version ran in 117 s). The mean
-return of the finished training episodes was about -1 200 during the random-action phase
-(random policy: -1 263), dipped to -1 685 at 4 800 steps, then rose to -617 at 10 400 steps and
--186 at 15 200; the threshold (-200 over the latest 10+ episodes) was reached at 16 000 steps.
-After that the reports (4 episodes each) ranged from -58 to -239, the last one -159; the final
-policy's mean action scored -133. With one env (``--envs 1 --steps 20000``) the threshold was
-reached at 5 600 env steps.
-GPU numbers: see benchmarks/RESULTS.md (``scripts/gpu_examples.sh`` runs every mode with one env
-and with many).
+``--mode graph`` wraps two functions in ``graphmodule.CudaGraphModule``: ``explore_steps``
+(random actions while the replay buffer fills) and ``train_steps`` (two env steps, each a batch
+from the device-side replay buffer, critic and actor updates with ``capturable=True`` Adam, and
+the env step on a side stream beside them). ``eager`` runs the same functions unwrapped,
+``compile`` uses ``torch.compile``, ``compile+graph`` compiles inside the graphs. Without CUDA
+the graph modes run eagerly (same training). On CUDA the run also measures its floor: the GPU
+time of one update per env step. ``--out DIR`` writes a CSV, a JSON summary and a plot.
+How it is built, and results on a GPU: docs/rl-guide.md.
 """
 from __future__ import annotations
 
@@ -101,8 +31,8 @@ import torch.nn.functional as F
 from tensordict import TensorDict, from_module
 from torch import nn
 
-from examples.envs import Pendulum
-from examples.training import ReplayBuffer, Report, compiled, gpu_seconds_per_call, graphed, parse_flags, run_training
+from examples.common.envs import Pendulum
+from examples.common.training import ReplayBuffer, Report, compiled, gpu_seconds_per_call, graphed, parse_flags, run_training
 from graphmodule import CudaGraphModule
 
 SCRIPT, ALGO = "train_sac", "SAC"

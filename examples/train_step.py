@@ -74,7 +74,13 @@ def main(steps: int = 200) -> None:
     graphed_us, graphed_losses = train(graphed, batches, device)
     loss_diff = max(abs(a.item() - b.item()) for ga, ea in zip(graphed_losses, eager_losses) for a, b in zip(ga, ea))
     weight_diff = max((p - q).abs().max().item() for p, q in zip(critic.parameters(), critic_ref.parameters()))
-    print(f"{steps} steps: eager {eager_us:.0f} us/step, graphed {graphed_us:.0f} us/step ({eager_us / graphed_us:.1f}x)")
+    if graphed.stats.replays:
+        print(f"{steps} steps: eager {eager_us:.0f} us/step, graphed {graphed_us:.0f} us/step "
+              f"({eager_us / graphed_us:.1f}x)")
+    elif device.type == "cpu":
+        print(f"{steps} steps: no CUDA: ran eagerly, no speed-up measured")
+    else:  # fewer steps than the warmup calls: never captured
+        print(f"{steps} steps: all of them warmup calls, nothing captured: no speed-up measured")
     print(f"max |loss graphed - eager| = {loss_diff:.2e}; max |critic weight diff| = {weight_diff:.2e}; "
           f"stats: {graphed.stats.warmup_calls} warmup, {graphed.stats.captures} capture, {graphed.stats.replays} replays")
 

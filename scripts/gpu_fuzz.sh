@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
-# The long differential run on a GPU: pytest workers, each fuzzing one focus of
-# tests/test_differential.py with real CUDA graphs and its own seed, for a fixed time.
-# Each worker rewrites $OUT/progressN.txt every 100 cases (so a run cut short still counts)
-# and prints "[differential] <focus>: N cases run" when it stops; the total is summed at the end.
-# Usage (device tool, carry .whl): bash scripts/gpu_fuzz.sh SECONDS [WORKERS]   (GM_FUZZ_SEED_BASE: other seeds)
-# 2026-11-24, H100: one worker alone ran 15-22 cases/s, two 25/s together, four about 10/s
-# each. Each worker also spends ~20 s importing.
-# Each worker stops itself 40 s before SECONDS (GM_FUZZ_SECONDS: imports take ~20 s); one still
-# running at SECONDS gets SIGUSR1 (its stacks into its log), then SIGINT, then SIGKILL 20 s
-# later: a hung case shows where it hangs and cannot hold the device call. (A worker that
-# stops itself ends its log with hypothesis printing the case it was on: not a failure.)
+# The differential harness on real CUDA graphs, for a fixed time. On a machine with a CUDA GPU,
+# from the repository root:
+#   bash scripts/gpu_fuzz.sh SECONDS [WORKERS]        # e.g. bash scripts/gpu_fuzz.sh 600 2
+# Each worker is a pytest process fuzzing one focus of tests/test_differential.py (generated
+# programs, every call compared with the plain function) with its own seed; the count of cases
+# and of differences is summed at the end into $OUT/fuzz-summary.txt (default OUT
+# /tmp/graphmodule-fuzz). One or two workers: on an H100 one runs 15-22 cases/s, two about 25/s
+# together, four about 10/s each; each spends some 20 s importing.
+# Each worker rewrites $OUT/progressN.txt every 100 cases (a run cut short still counts) and
+# stops itself 40 s before SECONDS; one still running at SECONDS gets SIGUSR1 (its stacks go to
+# its log), then SIGINT, then SIGKILL 20 s later, so a hung case shows where it hangs.
+# Knobs: GM_FUZZ_SEED_BASE (seeds, default 1000 + worker), GM_FUZZ_FOCUSES (default: mixed
+# tensordict aliasing mutation outputs signature), GM_FUZZ_OUTPUTS (clone, safe or static).
+# The packages it needs beyond torch, and how to provide them offline: scripts/wheels.sh.
 set -u
+cd "$(dirname "$0")/.."
 seconds=${1:-300}
 workers=${2:-2}
 OUT=${OUT:-/tmp/graphmodule-fuzz}
 mkdir -p "$OUT"
-GM_SITE_ONCE=1 . "$(dirname "$0")/site.sh"  # the carried wheels on PYTHONPATH
-# One intra-op thread per worker: the harness's CPU tensors are tiny, and torch's default (one
-# thread per core in every worker) oversubscribes the cores, which may be what stopped workers
-# from scaling (not tried on a GPU yet; the time-slicing explanation above is not proven either).
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+GM_SITE_ONCE=1 . scripts/wheels.sh
+# One intra-op thread per worker: the harness's CPU tensors are tiny, and one thread per core in
+# every worker oversubscribes the cores.
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 focuses=(${GM_FUZZ_FOCUSES:-mixed tensordict aliasing mutation outputs signature})
 pids=()
 for ((i = 0; i < workers; i++)); do
@@ -32,7 +35,8 @@ for ((i = 0; i < workers; i++)); do
     > "$OUT/worker$i.log" 2>&1 &
   pids+=($!)
 done
-( sleep $((seconds - 3)); pkill -USR1 -f "^[^ ]*python3 -m pytest .*test_differential.py::test_fuzz" ) &
+# just before the deadline, each worker's stacks (the pytest process under each timeout)
+( sleep $((seconds - 3)); for pid in "${pids[@]}"; do pkill -USR1 -P "$pid"; done ) &
 watchdog=$!
 wait "${pids[@]}"
 kill "$watchdog" 2>/dev/null

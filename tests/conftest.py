@@ -10,7 +10,7 @@ HAS_CUDA = torch.cuda.is_available()
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh through the device tool)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (on a machine with one: bash scripts/gpu_check.sh)")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)

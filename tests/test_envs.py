@@ -1,4 +1,4 @@
-"""examples/envs.py: the batched torch Pendulum and CartPole match gymnasium's Pendulum-v1 and CartPole-v1."""
+"""examples/common/envs.py: the batched torch Pendulum and CartPole match gymnasium's Pendulum-v1 and CartPole-v1."""
 
 import warnings
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from examples.envs import CartPole, Pendulum
+from examples.common.envs import CartPole, Pendulum
 
 try:  # the reference; not among the package's test extras
     import gymnasium as gym

@@ -53,7 +53,7 @@ def make_wrap(name: str, *, backend: str = "auto") -> Callable[..., Any]:
 class ReplayBuffer:
     """A circular buffer of transitions (a TensorDict) on the device, sampled uniformly, the
     way the published scripts keep theirs: Python-int cursor and size, written and sampled
-    outside the wrapped functions. (``examples.training.ReplayBuffer`` keeps its cursor on the
+    outside the wrapped functions. (``examples.common.training.ReplayBuffer`` keeps its cursor on the
     device instead, so that a graph can write and sample it.)
 
     ``extend`` writes at device-side indices and ``sample`` draws them with

@@ -22,7 +22,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torch.distributions import Normal
 
-from examples.envs import Pendulum
+from examples.common.envs import Pendulum
 
 from .common import Clock, capturable, episode_return, finish, mlp, seed_everything
 

@@ -26,7 +26,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torch.distributions import Normal
 
-from examples.envs import Pendulum
+from examples.common.envs import Pendulum
 
 from .common import Clock, ReplayBuffer, capturable, finish, mlp, seed_everything, store_transition
 

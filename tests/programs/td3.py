@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict, from_module
 from torch import nn
 
-from examples.envs import Pendulum
+from examples.common.envs import Pendulum
 
 from .common import Clock, ReplayBuffer, capturable, finish, mlp, seed_everything, store_transition
 from .sac import QNet, frozen
