@@ -23,10 +23,7 @@ Modules, one concept each:
 - ``_dispatch``: TensorDict keys, calling conventions, keyword order.
 - ``_paths``: names of places in a call, for messages.
 - ``_errors``, ``_stats``: what users catch and read.
-- ``_native``: the compiled hot path (opt-in: ``GRAPHMODULE_NATIVE=1`` or ``enable_native()``).
 """
-
-import os as _os
 
 from ._errors import (
     CaptureError,
@@ -40,7 +37,6 @@ from ._errors import (
     UnsupportedError,
 )
 from ._module import CudaGraphModule
-from ._native import enable_native, native_enabled
 from ._options import Options, State
 from ._stats import GraphStats
 
@@ -61,9 +57,4 @@ __all__ = [
     "State",
     "UnsupportedError",
     "__version__",
-    "enable_native",
-    "native_enabled",
 ]
-
-if _os.environ.get("GRAPHMODULE_NATIVE", "") == "1":
-    enable_native()

@@ -86,8 +86,6 @@ class Runner(Protocol):
 
     def replay(self, handle: Any) -> None: ...
 
-    def replay_call(self, handle: Any) -> tuple[Callable[..., None], Any]: ...
-
     def release(self, handle: Any) -> None: ...
 
     def pool_in_use(self) -> bool:
@@ -156,11 +154,6 @@ class SimulatedRunner(EagerRunner):
 
     def replay(self, handle: SimulatedHandle) -> None:
         handle.refresh()
-
-    def replay_call(self, handle: SimulatedHandle) -> tuple[Callable[..., None], Any]:
-        """``(fn, arg)``: ``fn(arg)`` replays (``fn()`` where ``arg`` is None), for the
-        compiled hot path, which calls it when no other thread captures."""
-        return self.replay, handle
 
     def release(self, handle: Any) -> None:
         self._shared.discard(handle)
@@ -354,11 +347,6 @@ class CudaRunner:
                 graph.replay()
             return
         graph.replay()
-
-    def replay_call(self, graph: torch.cuda.CUDAGraph) -> tuple[Callable[[], None], None]:
-        """``(fn, None)``: ``fn()`` replays when no other thread captures (the compiled hot
-        path checks that first)."""
-        return graph.replay, None
 
     def debug_dump(self, graph: Any, path: str, owner: str) -> None:
         # torch announces each dump with "DEBUG: ..." warnings; the caller asked for it

@@ -194,10 +194,6 @@ class CudaGraphModule(WrapperSurface):
         self._returned_input: bool | None = None
         self._warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
         self._layer_hint = False  # the last warmup call returned tensors that track gradients (_grad)
-        # the compiled hot path's mirror of this state (_native): None until armed, False never
-        self._hot: Any = None
-        self._hot_misses = 0
-        self._hot_served: int | None = None  # calls the state dropped before the last call served
 
     # -- public surface ----------------------------------------------------------------
     @property
@@ -271,7 +267,6 @@ class CudaGraphModule(WrapperSurface):
     def reset(self) -> None:
         """Drop every graph; the next calls warm up and capture again."""
         with self._lock:  # (not while another thread's call replays them)
-            self._hot = None
             for entry in self._entries:
                 entry.release()
             if self._failure is not None:  # its traceback holds the failed capture's objects
@@ -279,7 +274,7 @@ class CudaGraphModule(WrapperSurface):
             self._reset_state()
 
     # -- calls -------------------------------------------------------------------------
-    def _python_call(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path, in this one frame: the most recent graph's checks, then its replay
         # (Entry.replay); anything else goes to _slow.
         if self._is_tensordict_module and (kwargs or not args or not isinstance(args[0], TensorDictBase)):
@@ -287,8 +282,6 @@ class CudaGraphModule(WrapperSurface):
             # TensorDict call is passed on unchanged by it, so it skips the wrapper
             return self._call_td(*args, **kwargs)
         with self._lock:
-            if self._hot:  # the compiled path's mirror (_native): this call may change the state
-                self._hot = None
             if get_ident() != self._thread:
                 self._switch_thread()
             entries = self._entries
@@ -315,10 +308,6 @@ class CudaGraphModule(WrapperSurface):
                     self._stats.replays += 1
                     return entry.replay(split[0], split[1], (args, kwargs))
             return self._slow(args, kwargs)
-
-    # (enable_native() sets a C function that serves the commonest calls and hands the
-    # others to _python_call, see _native)
-    __call__ = _python_call
 
     @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
     def _call_td(self, tensordict, *args: Any, tensordict_out=None, **kwargs: Any) -> Any:
