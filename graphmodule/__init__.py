@@ -14,7 +14,8 @@ Modules, one concept each:
 - ``_explain``: what differs when a call does not match: cold.
 - ``_inputs``: static input buffers, aliased as the caller's inputs were.
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
-- ``_outputs``: how the graph's buffers become the call's result.
+- ``_outputs``: how the graph's buffers become the call's result (``_recipes``: the typed
+  records saying where each part of it comes from).
 - ``_stale``: what the graph reads from outside its inputs, checked each call.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_mode``: grad mode, train/eval, interaction type: part of the signature.

@@ -13,10 +13,21 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from ._effects import Effects
+from ._effects import TD, Effects, collect_call
 from ._errors import Mismatch
-from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, nested_paths, resolve, span_bytes
-from ._outputs import GRAPH, REF, Plan, build, collect_call, dense, ref_recipes
+from ._inputs import (
+    SLOT,
+    SLOT_OBJ,
+    Materialized,
+    StaticInputs,
+    alias_groups,
+    identity_pattern,
+    nested_paths,
+    resolve,
+    span_bytes,
+)
+from ._outputs import Plan, dense
+from ._recipes import GRAPH, PASSED, build, passed_recipes
 from ._spec import InputSpec
 from ._stale import Watch
 from ._tree import _is_node
@@ -34,7 +45,7 @@ class Entry:
         inputs: StaticInputs,
         effects: Effects,
         plan: Plan,
-        out_recipe: tuple,
+        out_recipe: Any,
         stride_checked: set[int],
         watch: Watch,
         runner: Any,
@@ -58,11 +69,11 @@ class Entry:
         # nested TensorDicts that must (or must not) be in the caller's TensorDict for the
         # effects to be the function's (Effects.requires)
         self.requires, self.layouts = effects.requires, effects.layouts
-        self.result_refs = [r for r in ref_recipes(out_recipe) if r[1][0] != "slot_obj"] if effects.ops else []
+        self.result_refs = [r for r in passed_recipes(out_recipe) if r.ref.kind is not SLOT_OBJ] if effects.ops else []
         self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
         self.plain = layer is None and not self.extra_checks  # extra_ok has nothing to check
         self.single = (
-            out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
+            out_recipe.kind is GRAPH and out_recipe.index == 0 and len(plan.graph) == 1 and not effects.any and not plan.grad
             and layer is None
         )
         # outputs="safe": more captures of the same call with buffers of their own, made
@@ -73,16 +84,17 @@ class Entry:
         # what the wrapper does when a caller holds the results of every set:
         # (entry, leaves, objs, tree) -> the call's result
         self.renew: Any = None
-        self.returns_input_td = out_recipe[0] == REF and out_recipe[1][0] == "slot_obj" and out_recipe[1][1] == 0
+        self.returns_input_td = (out_recipe.kind is PASSED and out_recipe.ref.kind is SLOT_OBJ
+                                 and out_recipe.ref.position == 0)
 
     def written_keys(self) -> list:
         """Keys the function writes into its first TensorDict argument (top level and nested)."""
         out = []
         for op in self.effects.ops:
-            ref = op[1]
-            if op[0] == "td" and ref[0] in ("slot", "slot_obj") and ref[1] == 0:
-                prefix = ref[2] if ref[0] == "slot" else ()
-                out += [prefix + (name,) if prefix else name for name, _ in op[2]]
+            ref = op.target
+            if op.kind is TD and ref.kind in (SLOT, SLOT_OBJ) and ref.position == 0:
+                prefix = ref.path
+                out += [prefix + (name,) if prefix else name for name, _ in op.writes]
         return out
 
     # -- the replay path -----------------------------------------------------------------
@@ -130,7 +142,7 @@ class Entry:
             # objects of the call the result holds, found before the effects move any (a
             # nested TensorDict returned, then deleted from its parent)
             for recipe in self.result_refs:
-                memo[id(recipe)] = resolve(recipe[1], tree, objs)
+                memo[id(recipe)] = resolve(recipe.ref, tree, objs)
             self.effects.apply(self.inputs, leaves, objs, tree, values, memo)
         return build(self.out_recipe, values, leaves, objs, tree, memo)
 
@@ -154,7 +166,7 @@ class Entry:
                 found.append(Mismatch(f"the nested TensorDicts of TensorDict argument {position}", "unread",
                                       f"{list(paths)} (as at capture: the function writes nested TensorDicts)",
                                       str(list(now))))
-        for position, key, batch_size in self.requires:
+        for position, key, batch_size in self.requires:  # (Requirement)
             td = objs[position]
             now = td.get(key, None) if isinstance(td, TensorDictBase) else None
             is_td = _is_node(now)
@@ -213,7 +225,7 @@ class Entry:
         graph = self.plan.graph
 
         def refresh() -> None:
-            out, targets = rerun([op[1] for op in self.effects.ops])
+            out, targets = rerun([op.target for op in self.effects.ops])
             found: dict[int, torch.Tensor] = {}
             collect_call(self.out_recipe, self.effects.ops, out, targets, found)
             if self.layer is not None:  # the simulated backward differentiates this run

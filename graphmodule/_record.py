@@ -24,7 +24,7 @@ from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
-from ._inputs import Materialized, StaticInputs
+from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
 from ._mode import ModeReader
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._paths import describe, leaf_texts
@@ -76,7 +76,7 @@ def _same_returned_keys(owner: str, out: Any, eager_keys: list | None, materiali
     expected = eager_keys
     ref = materialized.refs.get(id(out))
     if ref is not None:
-        position = ref[1] if ref[0] == "slot_obj" or (ref[0] == "slot" and not ref[2]) else None
+        position = ref.position if ref.kind is SLOT_OBJ or (ref.kind is SLOT and not ref.path) else None
         if position not in materialized.by_key or materialized.slot_paths[position] == (0, 0):
             return  # an input read whole, or the module's input TensorDict: its keys are the caller's
         # tensordict_out: what the caller's held before the call is not in the stand-in
