@@ -16,6 +16,8 @@ Modules, one concept each:
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
 - ``_outputs``: how the graph's buffers become the call's result (``_recipes``: the typed
   records saying where each part of it comes from).
+- ``_outputsets``: ``OutputSets``, the state machine of ``outputs="safe"``: lent results,
+  twins, copies (``_lend``: lending the buffers; ``_twin``: a twin's own buffers).
 - ``_stale``: what the graph reads from outside its inputs, checked each call.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_mode``: grad mode, train/eval, interaction type: part of the signature.

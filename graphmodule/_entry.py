@@ -8,7 +8,7 @@ handle. The capturing call and every later call end in :meth:`Entry.finish`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
@@ -32,6 +32,9 @@ from ._spec import InputSpec
 from ._stale import Watch
 from ._tree import _is_node
 
+if TYPE_CHECKING:
+    from ._outputsets import OutputSets
+
 __all__ = ["Entry"]
 
 
@@ -53,6 +56,8 @@ class Entry:
         clone: bool,
         texts: list[str],
         layer: Any = None,
+        capture_bytes: int = 0,
+        capture_seconds: float = 0.0,
     ):
         self.spec, self.mode = spec, spec.mode
         # a graph used as a layer: its backward graph, and the autograd node outputs join (_grad)
@@ -60,7 +65,9 @@ class Entry:
         self.inputs, self.effects, self.plan, self.out_recipe = inputs, effects, plan, out_recipe
         self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
         self.texts = texts  # printable place of each input leaf, for messages
-        self.capture_bytes = 0  # device memory the capture added (the wrapper sets it)
+        # device memory the graph added: what its capture added to the pool, and output
+        # buffers of its own outside any pool (a twin's, see _twin)
+        self.capture_bytes, self.capture_seconds = capture_bytes, capture_seconds
         self.stride_checked = sorted(stride_checked)
         self.stride_facts = [inputs.leaves[i].stride() for i in self.stride_checked]
         # inputs aliasing each other matter when the graph writes into inputs, or was
@@ -76,14 +83,9 @@ class Entry:
             out_recipe.kind is GRAPH and out_recipe.index == 0 and len(plan.graph) == 1 and not effects.any and not plan.grad
             and layer is None
         )
-        # outputs="safe": more captures of the same call with buffers of their own, made
-        # when the caller still holds every set's results at a call (see _lend)
-        self.others: list[Entry] = []
-        self.sets_done = False  # no more sets: the next such call captures a copying graph
-        self.held_eager = False  # no copying graph could be captured: such calls run eagerly
-        # what the wrapper does when a caller holds the results of every set:
-        # (entry, leaves, objs, tree) -> the call's result
-        self.renew: Any = None
+        # where results come from when a caller holds the last ones (_outputsets): set by
+        # the OutputSets made for a graph the wrapper holds (None for a twin)
+        self.outputs: OutputSets | None = None
         self.returns_input_td = (out_recipe.kind is PASSED and out_recipe.ref.kind is SLOT_OBJ
                                  and out_recipe.ref.position == 0)
 
@@ -108,15 +110,11 @@ class Entry:
         return not self.extra_mismatches(leaves, None, objs)
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        lender = self.plan.lender
-        if lender is not None and lender.busy():
+        gate = self.outputs.gate
+        if gate is not None and gate.busy():
             # The caller still holds a result of the last replay (``out = g(x)`` in a loop
-            # holds it until this call returns): replay another output set whose results
-            # are free; else the wrapper captures anew.
-            for other in self.others:
-                if not other.plan.lender.busy():
-                    return other._replay(leaves, objs, tree)
-            return self.renew(self, leaves, objs, tree)
+            # holds it until this call returns): the output sets say where results come from.
+            return self.outputs.held(self, leaves, objs, tree)
         return self._replay(leaves, objs, tree)
 
     def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
@@ -151,10 +149,8 @@ class Entry:
         self.handle = None
         if self.layer is not None:
             self.layer.release()
-        self.renew = None
-        for other in self.others:
-            other.release()
-        self.others = []
+        if self.outputs is not None:
+            self.outputs.release(self)
 
     # -- cold ----------------------------------------------------------------------------
     def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:

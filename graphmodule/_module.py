@@ -35,8 +35,8 @@ from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGra
 from ._explain import describe_spec, mismatch_error
 from ._grad import tracks_grad
 from ._index import CallIndex
-from ._lend import LEND_LATER, OUTPUT_SETS
 from ._options import Options, State
+from ._outputsets import OutputSets
 from ._paths import user_stacklevel
 from ._record import leaf_keys, mode_reader, read_call, record
 from ._spec import InputSpec
@@ -52,10 +52,33 @@ log = logging.getLogger("graphmodule")
 _NOTHING = object()
 
 
-def _buffer_bytes(tensors: list[torch.Tensor]) -> int:
-    """The memory of the storages under ``tensors``, each counted once."""
-    storages = (t.untyped_storage() for t in tensors)
-    return sum({s._cdata: s.nbytes() for s in storages}.values())
+class _Recorder:
+    """What the output sets of a wrapper's graphs ask of it (``_outputsets.Recorder``), holding
+    it weakly: a strong reference would make a cycle (wrapper, graph, output sets, wrapper),
+    and a graph would outlive its last use until the collector runs."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, wrapper: "CudaGraphModule") -> None:
+        self._ref = weakref.ref(wrapper)
+
+    def _wrapper(self) -> "CudaGraphModule":
+        wrapper = self._ref()
+        if wrapper is None:  # unreachable while the wrapper calls; kept for safety
+            raise GraphStateError("the wrapper of this graph is gone")
+        return wrapper
+
+    def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None) -> Entry:
+        return self._wrapper()._record_again(entry, leaves, objs, lend, like=like)
+
+    def replace(self, old: Entry, new: Entry) -> None:
+        entries = self._wrapper()._entries
+        entries[entries.index(old)] = new
+
+    def run_eager(self, tree: Any) -> Any:
+        wrapper = self._wrapper()
+        args, kwargs = tree
+        return wrapper._runner.run_eager(lambda: wrapper.module(*args, **kwargs))
 
 
 class CudaGraphModule(WrapperSurface):
@@ -179,6 +202,7 @@ class CudaGraphModule(WrapperSurface):
         self._lock = threading.RLock()
         self._thread: int | None = None
         self._stream: Any = None
+        self._recorder = _Recorder(self)
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -260,6 +284,8 @@ class CudaGraphModule(WrapperSurface):
             lines += ["  " + line for line in text.splitlines()]
             if layer is not None:
                 lines.append("  " + layer.describe())
+            if self._entries:
+                lines.append("  " + self._entries[n].outputs.describe())
         if self._failure is not None:
             lines.append(f"capture failed: {self._failure}")
         return "\n".join(lines)
@@ -441,48 +467,13 @@ class CudaGraphModule(WrapperSurface):
         self._state = State.CAPTURED
         self._stats.captures += 1
         self._stats.replays += 1
-        self._stats.capture_seconds = self._runner.capture_seconds
-        entry.capture_bytes = self._runner.capture_bytes
+        self._stats.capture_seconds = entry.capture_seconds
         log.info("%s: captured graph %d in %.1f ms (%d held)", self._owner, self._stats.captures,
-                 1e3 * self._runner.capture_seconds, len(self._entries))
-        if entry.plan.lender is not None:
-            entry.renew = self._renewer()
-        out = entry.finish(leaves, objs, tree)
-        if lend_later and entry.layer is None and entry.plan.graph:
-            # its next replay finds the results "held" and renews (_renew): the lending capture
-            entry.plan.lender = LEND_LATER
-            entry.renew = self._renewer()
-        return out
-
-    def _renewer(self) -> Callable[..., Any]:
-        """What an entry lending its outputs calls when the caller still holds them
-        (outputs="safe", see _lend), holding no reference to the wrapper or the entry (an
-        entry would otherwise outlive its last use)."""
-        ref = weakref.ref(self)
-
-        def renew(entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
-            wrapper = ref()
-            if wrapper is None:  # unreachable while the wrapper calls; kept for safety
-                raise GraphStateError("the wrapper of this graph is gone")
-            return wrapper._renew(entry, leaves, objs, tree)
-
-        return renew
-
-    def _renew(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
-        """A caller holds the results of every output set of ``entry``: the call needs
-        buffers nobody holds. Up to :data:`OUTPUT_SETS` sets, a new one (a *twin*); past
-        that, a graph returning copies replaces them all (a loop that keeps that many
-        results keeps results)."""
-        if entry.plan.lender is LEND_LATER:
-            return self._capture_lending(entry, leaves, objs, tree)
-        if entry.held_eager:
-            return self._eager_while_held(tree)
-        if not entry.sets_done and 1 + len(entry.others) < OUTPUT_SETS:
-            made = self._capture_twin(entry, leaves, objs, tree)
-            if made is not _NOTHING:
-                return made
-            entry.sets_done = True
-        return self._capture_copying(entry, leaves, objs, tree)
+                 1e3 * entry.capture_seconds, len(self._entries))
+        # lend_later: its next call captures it again, lending (see _outputsets)
+        OutputSets(entry, self._recorder, self._stats, self._owner,
+                   lend_later=lend_later and entry.layer is None and bool(entry.plan.graph))
+        return entry.finish(leaves, objs, tree)
 
     def _record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None = None) -> Entry:
         """``entry``'s call captured again: a lending one (``lend``), or a graph returning copies.
@@ -496,95 +487,6 @@ class CudaGraphModule(WrapperSurface):
         return record(owner=self._owner, module=self.module, runner=self._runner, layout=entry.spec.layout,
                       leaves=list(leaves), mode=entry.mode, clone=True, lend=lend, texts=entry.texts,
                       objs=objs, alone=entry.layer is not None, like=like)[0]
-
-    def _record_lending(self, entry: Entry, leaves, objs, failed: str) -> Entry | None:
-        """``entry``'s call captured again beside it, its results copied into buffers of its
-        own, which it lends; ``None`` (logged as ``failed``) if that capture failed or cannot
-        lend (the caller keeps ``entry``)."""
-        try:
-            lending = self._record_again(entry, leaves, objs, lend=True, like=entry)
-        except Exception as err:  # noqa: BLE001 - entry's graph is still good
-            log.info("%s: %s (%s)", self._owner, failed, str(err).splitlines()[0] if str(err) else type(err).__name__)
-            collect_before_next_capture()
-            return None
-        if lending.plan.lender is None:
-            lending.release()
-            return None
-        lending.renew = entry.renew
-        return lending
-
-    def _lending_bytes(self, lending: Entry) -> int:
-        """What a lending capture costs: its output buffers (outside any pool), and what the
-        capture added to the pool."""
-        return self._runner.capture_bytes + _buffer_bytes(lending.plan.graph)
-
-    def _capture_twin(self, entry: Entry, leaves, objs, tree) -> Any:
-        """The same call captured again, with buffers of its own; its result, or ``_NOTHING``
-        if that failed.
-
-        A function that rebinds state it reads (``group["lr"] = lr0 * alpha``) left that
-        state as the twin's capture made it, which ``entry``'s graphs do not read: the twin
-        then replaces them, and no set is added again.
-        """
-        twin = self._record_lending(entry, leaves, objs, "no further output set")
-        if twin is None:
-            return _NOTHING
-        self._stats.twin_captures += 1
-        self._stats.twin_bytes += self._lending_bytes(twin)
-        if not entry.watch.check():
-            twin.sets_done = True
-            self._entries[self._entries.index(entry)] = twin
-            entry.release()  # results it lent keep its memory (see _lend)
-            log.info("%s: the function rebinds state its graph reads; its second capture replaces the "
-                     "first", self._owner)
-            return twin.finish(leaves, objs, tree)
-        entry.others.append(twin)
-        log.info("%s: captured another output set in %.1f ms (results of the last call were still held)",
-                 self._owner, 1e3 * self._runner.capture_seconds)
-        return twin.finish(leaves, objs, tree)
-
-    def _capture_lending(self, entry: Entry, leaves, objs, tree) -> Any:
-        """``entry`` returns copies, captured in a pool that held another graph (see _capture):
-        capture its call again, in the same pool, with its results copied out of the pool
-        into buffers of its own, and lend those from now on. If that fails, ``entry`` stays,
-        returning copies."""
-        entry.plan.lender = None
-        lending = self._record_lending(entry, leaves, objs, "results stay copies")
-        if lending is None:
-            return entry._replay(leaves, objs, tree)
-        self._stats.lending_captures += 1
-        lending.capture_bytes = self._lending_bytes(lending)
-        self._entries[self._entries.index(entry)] = lending
-        entry.release()  # it returned copies: nothing of its memory is lent
-        log.info("%s: captured again in %.1f ms to lend its results from buffers outside the shared pool",
-                 self._owner, 1e3 * self._runner.capture_seconds)
-        return lending.finish(leaves, objs, tree)
-
-    def _capture_copying(self, entry: Entry, leaves, objs, tree) -> Any:
-        """The caller holds results of every output set of ``entry``: capture the call once
-        more, returning copies from then on; if that fails, run such calls eagerly."""
-        try:
-            fresh = self._record_again(entry, leaves, objs, lend=False)
-        except Exception as err:  # noqa: BLE001 - nothing replayable is free: run eagerly
-            log.info("%s: no graph returning copies (%s); calls made while results are held run eagerly",
-                     self._owner, str(err).splitlines()[0] if str(err) else type(err).__name__)
-            collect_before_next_capture()
-            entry.held_eager = True
-            return self._eager_while_held(tree)
-        self._stats.copy_recaptures += 1
-        sets = 1 + len(entry.others)
-        self._entries[self._entries.index(entry)] = fresh
-        entry.release()  # its graphs: results they lent keep their memory
-        log.info("%s: results of %d calls were held at once; this call now returns copies "
-                 "(captured again in %.1f ms)", self._owner, sets, 1e3 * self._runner.capture_seconds)
-        return fresh.finish(leaves, objs, tree)
-
-    def _eager_while_held(self, tree: Any) -> Any:
-        """A call made while every output set's results are held, where no graph returning
-        copies could be captured: the function's own results, run eagerly."""
-        args, kwargs = tree
-        self._stats.eager_calls += 1
-        return self._runner.run_eager(lambda: self.module(*args, **kwargs))
 
     def _capture_failed(self, err, layout, leaves, mode, reader, args, kwargs, ran: Any = _NOTHING) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""

@@ -184,6 +184,9 @@ def record(
         clone=clone,
         texts=texts,
         layer=layer,
+        # (with the backward's capture, for a layer; with the buffers it copies its results into, for a twin)
+        capture_bytes=runner.capture_bytes + (twin.nbytes if twin is not None else 0),
+        capture_seconds=runner.capture_seconds,
     )
     if getattr(handle, "refresh", False) is None:  # a simulated graph
         handle.refresh = entry.make_refresh(rerun_body(module, inputs, materialized.mirrors), module)
