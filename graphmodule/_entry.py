@@ -1,18 +1,22 @@
-"""One captured graph as one value, and the single replay path every call takes.
+"""One captured graph as one value, the one decision whether a call replays it, and the
+single replay path every call takes.
 
 An :class:`Entry` holds what a capture produced: the signature calls must match
 (``spec``, ``mode``), the static input buffers, the effects on inputs, the plan of
 outputs, what the graph reads from outside its inputs (``watch``) and the runner's
-handle. The capturing call and every later call end in :meth:`Entry.finish`.
+handle. :func:`decide` says whether a call replays it (the hot path and the slow path
+both ask it); the capturing call and every later call end in :meth:`Entry.finish`.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
 
+from ._capture import _DEPTH, capturing
 from ._effects import TD, Effects, collect_call
 from ._errors import Mismatch
 from ._inputs import (
@@ -35,7 +39,41 @@ from ._tree import _is_node
 if TYPE_CHECKING:
     from ._outputsets import OutputSets
 
-__all__ = ["Entry"]
+__all__ = ["Entry", "Verdict", "decide"]
+
+
+class Verdict(enum.Enum):
+    """What a call does with a graph (see :func:`decide`)."""
+
+    REPLAY = "replay the graph"
+    OTHER = "not this graph's call: the inputs' structure, tensors, constants or modes differ"
+    STALE = "something the graph reads from outside its inputs changed"
+    REFUSED = ("the inputs' aliasing, strides or nested TensorDicts, or what a layer's backward "
+               "depends on, differ from the capture")
+    INLINE = "inside another wrapper's capture: run inline, recorded into that capture"
+
+
+REPLAY, OTHER, STALE, REFUSED, INLINE = Verdict  # (read without the class: faster)
+
+
+def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict, Any]:
+    """Whether a call (``args``, ``kwargs``, and the modes it runs under) replays ``entry``,
+    with the call's leaves and slot values where they match (``None`` for ``OTHER``).
+
+    The one decision every call takes: ``CudaGraphModule.__call__`` replays on ``REPLAY``
+    and hands anything else to the slow path, which asks again graph by graph and acts on
+    the verdict (another graph, a stale graph, a mismatch to explain).
+    """
+    split = entry.spec.match(args, kwargs)
+    if split is None or mode != entry.mode:
+        return OTHER, None
+    if not entry.watch.check():
+        return STALE, split
+    if not (entry.plain or entry.extra_ok(split[0], split[1])):
+        return REFUSED, split
+    if _DEPTH[0] and capturing():
+        return INLINE, split
+    return REPLAY, split
 
 
 class Entry:

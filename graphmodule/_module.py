@@ -8,9 +8,9 @@
        └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER
                                                            no CUDA ─────► EAGER (checked, eager)
 
-A call that matches the most recent graph takes the hot path in :meth:`__call__`; every
-other call (warmup, a capture, another graph, a mismatch to explain) takes
-:meth:`_slow`.
+A call that the most recent graph replays (``_entry.decide``) takes the hot path in
+:meth:`__call__`; every other call (warmup, a capture, another graph, a stale graph, a
+mismatch to explain) takes :meth:`_slow`, which asks ``decide`` graph by graph.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
 
-from ._capture import _DEPTH, capturing, collect_before_next_capture, make_runner
+from ._capture import capturing, collect_before_next_capture, make_runner
 from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys, sorted_kwargs
-from ._entry import Entry
+from ._entry import OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import describe_spec, mismatch_error
 from ._grad import tracks_grad
@@ -315,24 +315,20 @@ class CudaGraphModule(WrapperSurface):
                 entry = entries[0]
                 if kwargs and self._sort_kwargs:
                     kwargs = sorted_kwargs(kwargs)
-                split = entry.spec.match(args, kwargs)
                 mode = self._mode.read()
-                if (split is None or mode != entry.mode) and len(entries) > 1:
+                verdict, split = decide(entry, args, kwargs, mode)
+                if verdict is OTHER and len(entries) > 1:
                     # another signature: the graph calls of these shapes and modes matched last
                     entry = self._index.find(args, kwargs, mode, entries)
-                    split = entry.spec.match(args, kwargs) if entry is not None else None
-                if (
-                    split is not None
-                    and mode == entry.mode
-                    and entry.watch.check()
-                    and (entry.plain or entry.extra_ok(split[0], split[1]))
-                    and not (_DEPTH[0] and capturing())
-                ):
+                    if entry is not None:
+                        verdict, split = decide(entry, args, kwargs, mode)
+                if verdict is REPLAY:
                     if entry is not entries[0]:
                         entries.remove(entry)
                         entries.insert(0, entry)
                     self._stats.replays += 1
-                    return entry.replay(split[0], split[1], (args, kwargs))
+                    leaves, objs = split
+                    return entry.replay(leaves, objs, (args, kwargs))
             return self._slow(args, kwargs)
 
     @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
@@ -374,20 +370,21 @@ class CudaGraphModule(WrapperSurface):
             return self._eager_call(args, kwargs)
         mode = self._mode.read() if self._mode is not None else None
         for n, entry in enumerate(self._entries):
-            split = entry.spec.match(args, kwargs)
-            if split is None or entry.mode != mode:
+            verdict, split = decide(entry, args, kwargs, mode)
+            if verdict is OTHER:
                 continue
-            if not entry.watch.check():
+            if verdict is STALE:
                 return self._stale(entry, args, kwargs)
-            found = entry.extra_mismatches(split[0], entry.texts, split[1])
-            if found:
+            leaves, objs = split
+            if verdict is REFUSED:
                 self._stats.input_mismatches += 1
-                raise InputMismatchError(self._owner, found)
+                raise InputMismatchError(self._owner, entry.extra_mismatches(leaves, entry.texts, objs))
+            # REPLAY (not INLINE: a call inside a capture ran inline above)
             if len(self._entries) > 1:
                 self._index.remember(args, kwargs, mode, entry, self._entries)
             self._entries.insert(0, self._entries.pop(n))
             self._stats.replays += 1
-            return entry.replay(split[0], split[1], (args, kwargs))
+            return entry.replay(leaves, objs, (args, kwargs))
         if self._entries:
             if len(self._entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
                 self._raise_mismatch(self._entries[0], args, kwargs, mode)
