@@ -21,7 +21,8 @@ Modules, one concept each:
 - ``_stale``: what the graph reads from outside its inputs, checked each call.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_mode``: grad mode, train/eval, interaction type: part of the signature.
-- ``_capture``: the only module that touches CUDA graphs (and its CPU stand-ins).
+- ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
+  three runners (CUDA, simulated on any device, eager).
 - ``_diagnose``: the likely cause of a failed capture.
 - ``_dispatch``: TensorDict keys, calling conventions, keyword order.
 - ``_paths``: names of places in a call, for messages.

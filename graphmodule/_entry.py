@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDictBase
 
-from ._capture import _DEPTH, capturing
+from ._runners import _DEPTH, capturing
 from ._effects import TD, Effects, collect_call
 from ._errors import Mismatch
 from ._inputs import (
@@ -255,7 +255,8 @@ class Entry:
         return found
 
     def make_refresh(self, rerun, module: Any) -> Any:
-        """For a simulated graph: re-run the function and update the static results."""
+        """What a simulated replay runs (``Runner.bind_rerun``): re-run the function and
+        update the static results."""
         graph = self.plan.graph
 
         def refresh() -> None:

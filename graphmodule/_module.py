@@ -27,7 +27,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
 
-from ._capture import capturing, collect_before_next_capture, make_runner
+from ._runners import capturing, collect_before_next_capture, make_runner
 from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys, sorted_kwargs
 from ._entry import OTHER, REFUSED, REPLAY, STALE, Entry, decide
@@ -200,8 +200,7 @@ class CudaGraphModule(WrapperSurface):
         # One call at a time: calls share the graph's buffers. Reentrant, for a function
         # that calls its own wrapper while another wrapper captures it.
         self._lock = threading.RLock()
-        self._thread: int | None = None
-        self._stream: Any = None
+        self._thread: int | None = None  # the thread that called last
         self._recorder = _Recorder(self)
         self._reset_state()
 
@@ -231,19 +230,18 @@ class CudaGraphModule(WrapperSurface):
         stats = self._stats.copy()
         stats.graphs = len(self._entries)
         stats.graph_bytes = tuple(entry.capture_bytes for entry in self._entries)
-        stats.pool_bytes = self._runner.pool_bytes() if self._entries and hasattr(self._runner, "pool_bytes") else 0
+        stats.pool_bytes = self._runner.pool_bytes() if self._entries else 0
         return stats
 
     @property
     def pool(self) -> Any:
         """The memory pool of this wrapper's graphs (pass it as ``pool=`` to share it)."""
-        return getattr(self._runner, "mempool", None) or getattr(self._runner, "pool", None)
+        return self._runner.pool_handle()
 
     @property
     def graph(self) -> torch.cuda.CUDAGraph | None:
         """The most recently used captured ``torch.cuda.CUDAGraph``, if any."""
-        handle = self._entries[0].handle if self._entries else None
-        return handle if isinstance(handle, torch.cuda.CUDAGraph) else None
+        return self._runner.cuda_graph(self._entries[0].handle) if self._entries else None
 
     def debug_dump(self, path: str) -> list[str]:
         """Write each held graph's structure as Graphviz (``torch.cuda.CUDAGraph.debug_dump``).
@@ -343,16 +341,9 @@ class CudaGraphModule(WrapperSurface):
             return self._slow((tensordict, *args), kwargs)
 
     def _switch_thread(self) -> None:
-        """Another thread calls: order its stream after the last caller's, whose replay and
-        copies may still be running on the GPU when this call writes the same buffers."""
+        """Another thread calls: the runner orders its stream after the last caller's."""
         self._thread = get_ident()
-        device = self.device
-        if device is None or not torch.cuda.is_available():
-            return
-        stream = torch.cuda.current_stream(device)
-        if self._stream is not None and self._stream != stream:
-            stream.wait_stream(self._stream)
-        self._stream = stream
+        self._runner.new_caller()
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
         if capturing():  # called inside another wrapper's capture: record inline into it

@@ -30,7 +30,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._capture import collect_before_next_capture
+from ._runners import collect_before_next_capture
 from ._stats import GraphStats
 
 if TYPE_CHECKING:  # (a cycle at import: an Entry holds its OutputSets)

@@ -141,9 +141,10 @@ def record(
     body = lambda: module(*args, **kwargs)  # noqa: E731
     twin = CopyOut(like, materialized) if like is not None else None
     if twin is None:
-        handle, out = runner.capture(body, owner, alone=lend or alone)
+        captured = runner.capture(body, owner, alone=lend or alone)
     else:
-        handle, out = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+        captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+    handle, out = captured.handle, captured.out
     try:
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
         changed = python.changes()
@@ -184,11 +185,11 @@ def record(
         clone=clone,
         texts=texts,
         layer=layer,
-        # (with the backward's capture, for a layer; with the buffers it copies its results into, for a twin)
-        capture_bytes=runner.capture_bytes + (twin.nbytes if twin is not None else 0),
-        capture_seconds=runner.capture_seconds,
+        # a layer's backward capture counts too; a twin's buffers (outside any pool) too
+        capture_bytes=captured.bytes + (layer.capture_bytes if layer is not None else 0)
+        + (twin.nbytes if twin is not None else 0),
+        capture_seconds=captured.seconds + (layer.capture_seconds if layer is not None else 0.0),
     )
-    if getattr(handle, "refresh", False) is None:  # a simulated graph
-        handle.refresh = entry.make_refresh(rerun_body(module, inputs, materialized.mirrors), module)
+    runner.bind_rerun(handle, entry.make_refresh(rerun_body(module, inputs, materialized.mirrors), module))
     return entry, materialized
 
