@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import enum
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._errors import GraphStateError
 from ._runners import collect_before_next_capture
 from ._stats import GraphStats
 
@@ -102,9 +104,10 @@ _ALWAYS_HELD = _AlwaysHeld()
 class OutputSets:
     """The output sets of one graph (its own, and its twins') and their state.
 
-    Made for each graph the wrapper holds (``recorder``: how to capture again), in the state
-    its capture allows. Nothing else writes its fields; it attaches itself to ``entry`` as
-    ``entry.outputs``.
+    Made for each graph the wrapper holds (``recorder``: how to capture again, held weakly:
+    the recorder holds the graphs, and a cycle would keep a deleted wrapper's graphs until
+    the collector runs), in the state its capture allows. Nothing else writes its fields; it
+    attaches itself to ``entry`` as ``entry.outputs``.
     """
 
     __slots__ = ("state", "gate", "others", "_recorder", "_stats", "_owner")
@@ -112,7 +115,8 @@ class OutputSets:
     def __init__(self, entry: Entry, recorder: Recorder, stats: GraphStats, owner: str,
                  lend_later: bool = False, full: bool = False) -> None:
         self.others: list[Entry] = []  # the twins, each with a Lender of its own
-        self._recorder, self._stats, self._owner = recorder, stats, owner
+        self._recorder = weakref.ref(recorder)
+        self._stats, self._owner = stats, owner
         self.gate: Any = None
         if entry.plan.lender is not None:
             state = FULL if full else LENDING
@@ -174,7 +178,12 @@ class OutputSets:
         for other in self.others:
             other.release()
         self.others = []
-        self._recorder = None
+
+    def _recorder_now(self) -> Recorder:
+        recorder = self._recorder()
+        if recorder is None:  # unreachable while the wrapper calls; kept for safety
+            raise GraphStateError(f"{self._owner}: the wrapper of this graph is gone")
+        return recorder
 
     # -- what each transition does -----------------------------------------------------------
     def _lending(self, entry: Entry, leaves: Any, objs: dict, failed: str) -> Entry | None:
@@ -182,7 +191,7 @@ class OutputSets:
         own, which it lends; ``None`` (logged as ``failed``) if that capture failed or cannot
         lend (``entry`` stays)."""
         try:
-            lending = self._recorder.record_again(entry, leaves, objs, True, entry)
+            lending = self._recorder_now().record_again(entry, leaves, objs, True, entry)
         except Exception as err:  # noqa: BLE001 - entry's graph is still good
             log.info("%s: %s (%s)", self._owner, failed, _first_line(err))
             collect_before_next_capture()
@@ -234,7 +243,7 @@ class OutputSets:
         """The caller holds results of every set: capture the call once more, returning
         copies from then on; if that fails, run such calls eagerly."""
         try:
-            fresh = self._recorder.record_again(entry, leaves, objs, False, None)
+            fresh = self._recorder_now().record_again(entry, leaves, objs, False, None)
         except Exception as err:  # noqa: BLE001 - nothing replayable is free: run eagerly
             log.info("%s: no graph returning copies (%s); calls made while results are held run eagerly",
                      self._owner, _first_line(err))
@@ -250,15 +259,16 @@ class OutputSets:
 
     def _succeed(self, entry: Entry, new: Entry, full: bool = False) -> None:
         """``new`` (with output sets of its own) takes ``entry``'s place; ``entry`` is released."""
-        OutputSets(new, self._recorder, self._stats, self._owner, full=full)
-        self._recorder.replace(entry, new)
+        recorder = self._recorder_now()
+        OutputSets(new, recorder, self._stats, self._owner, full=full)
+        recorder.replace(entry, new)
         entry.release()  # results it lent keep its memory (see _lend)
 
     def _eager(self, tree: Any) -> Any:
         """A call made while every set's results are held, where no graph returning copies
         could be captured: the function's own results, run eagerly."""
         self._stats.eager_calls += 1
-        return self._recorder.run_eager(tree)
+        return self._recorder_now().run_eager(tree)
 
 
 _NOTHING = object()

@@ -16,7 +16,7 @@ Anything found that a replay could not reproduce raises before the graph is used
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -33,12 +33,22 @@ from ._stale import PythonEffects, Watch
 from ._tree import Layout, _is_node
 from ._twin import CopyOut
 
-__all__ = ["read_call", "record", "mode_reader"]
+__all__ = ["CallRead", "read_call", "record", "mode_reader"]
 
 Tensor = torch.Tensor
 
 
-def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.device | None):
+class CallRead(NamedTuple):
+    """A call about to be captured, as read."""
+
+    tree: Any  # (args, kwargs)
+    layout: Layout
+    leaves: list
+    objs: dict  # the TensorDicts and tensorclasses at the call's slots
+    texts: list[str]  # printable place of each leaf
+
+
+def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.device | None) -> CallRead:
     """The layout, leaves and slot values of a call about to be captured; raises what a
     capture cannot take."""
     layout = Layout.capture(tree, by_key)
@@ -56,7 +66,7 @@ def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.devi
                 f"{text} is {describe(leaf)}; a sparse tensor's memory changes with its number of non-zeros.",
                 "pass a dense tensor (.to_dense()), or its indices and values as fixed-size tensors.",
             )
-    return layout, leaves, objs, texts
+    return CallRead(tree, layout, leaves, objs, texts)
 
 
 def leaf_keys(out: Any) -> list | None:

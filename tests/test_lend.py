@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from graphmodule import CudaGraphModule
+import graphmodule._graphs as graphs
 import graphmodule._lend as lend
 from graphmodule._lend import available
 from graphmodule._outputsets import OUTPUT_SETS
@@ -156,10 +157,10 @@ def test_a_failed_lending_capture_leaves_the_copies(monkeypatch):
     g(x)
     g(x)
 
-    def refuse(*args, **kwargs):
+    def refuse(**kwargs):
         raise ValueError("no lending capture")
 
-    monkeypatch.setattr(g, "_record_again", refuse)
+    monkeypatch.setattr(graphs, "record", refuse)  # every capture from here on fails
     kept = [g(x * i) for i in range(4)]
     assert g.stats.lending_captures == 0 and g.stats.graphs == 2 and _outputs(g).startswith("outputs: COPYING")
     for i, out in enumerate(kept):
@@ -353,14 +354,14 @@ def test_stats_count_the_twins_and_the_copying_capture(graph_backend):
 
 def test_calls_run_eagerly_where_no_copying_graph_can_be_captured(graph_backend, monkeypatch):
     g = _captured(f, torch.zeros(4), backend=graph_backend)
-    record_again = g._record_again
+    record = graphs.record
 
-    def failing(entry, leaves, objs, lend, **kwargs):
-        if not lend:
+    def failing(**kwargs):
+        if not kwargs["lend"]:
             raise RuntimeError("no memory for a copying graph")
-        return record_again(entry, leaves, objs, lend, **kwargs)
+        return record(**kwargs)
 
-    monkeypatch.setattr(g, "_record_again", failing)
+    monkeypatch.setattr(graphs, "record", failing)  # captures from here on: twins, the copying one
     xs = [torch.full((4,), float(i)) for i in range(6)]
     kept = [g(x) for x in xs]  # three sets lent, then eager calls (their own results)
     for x, out in zip(xs, kept):
