@@ -14,7 +14,8 @@ and then repeated on every call's objects:
 from __future__ import annotations
 
 import enum
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -38,7 +39,8 @@ class OpKind(enum.Enum):
 TD, DICT, LIST = OpKind.TD, OpKind.DICT, OpKind.LIST  # (read without the class: faster)
 
 
-class TensorDictOp(NamedTuple):
+@dataclass(frozen=True, slots=True, eq=False)  # (read at every call: as fast as a tuple)
+class TensorDictOp:
     """A TensorDict of the call changed: its writes, deletions, batch size, names, order."""
 
     target: Ref
@@ -47,24 +49,26 @@ class TensorDictOp(NamedTuple):
     batch_size: Any  # the new one, or None if unchanged
     names: Any  # the new dim names, or _ABSENT if unchanged
     moved: list  # names deleted and set again (they come last, in this order)
-    kind = TD
+    kind: ClassVar[OpKind] = TD
 
 
-class DictOp(NamedTuple):
+@dataclass(frozen=True, slots=True, eq=False)
+class DictOp:
     """A dict of the call changed: its content after the call."""
 
     target: Ref
     keys: list
     values: list  # recipes
-    kind = DICT
+    kind: ClassVar[OpKind] = DICT
 
 
-class ListOp(NamedTuple):
+@dataclass(frozen=True, slots=True, eq=False)
+class ListOp:
     """A list of the call changed: its content after the call."""
 
     target: Ref
     items: list  # recipes
-    kind = LIST
+    kind: ClassVar[OpKind] = LIST
 
 
 class Requirement(NamedTuple):

@@ -15,6 +15,7 @@ caller's own objects.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from operator import is_
 from typing import Any, NamedTuple
 
@@ -274,7 +275,8 @@ class RefKind(enum.Enum):
 TREE, SLOT, SLOT_OBJ = RefKind.TREE, RefKind.SLOT, RefKind.SLOT_OBJ  # (read without the class: faster)
 
 
-class Ref(NamedTuple):
+@dataclass(frozen=True, slots=True)  # (read at every call: as fast as a tuple)
+class Ref:
     """The place of an object in a call: found again in a later call by :func:`resolve`."""
 
     kind: RefKind

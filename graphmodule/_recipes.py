@@ -14,8 +14,8 @@ the records below that says, for each part, where a later call takes it from:
 - containers, TensorDicts, tensorclasses, dataclasses and other objects holding such parts:
   rebuilt around them (:class:`TupleOf` ... :class:`LazyStackOf`).
 
-Each record is a ``NamedTuple`` whose class carries its :class:`Kind`. Recipes are compared
-by identity (one object met twice is one recipe), never by value.
+Each record is a frozen dataclass with slots (read as fast as a tuple) whose class carries
+its :class:`Kind`. Recipes compare by identity: one object met twice is one recipe.
 
     >>> build(TupleOf([Graph(0), Const("a")]), values=["out"], leaves=[], objs={}, tree=None)
     ('out', 'a')
@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import copy
 import enum
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from tensordict import LazyStackedTensorDict, TensorDict
 
@@ -58,84 +59,100 @@ TUPLE, LIST, DICT, NAMEDTUPLE, TD, TC, OBJECT, LAZY = (
     Kind.TUPLE, Kind.LIST, Kind.DICT, Kind.NAMEDTUPLE, Kind.TD, Kind.TC, Kind.OBJECT, Kind.LAZY)
 
 
-class Const(NamedTuple):
+_record = dataclass(frozen=True, slots=True, eq=False)  # (identity, not value, equality)
+
+
+@_record
+class Const:
     value: Any
-    kind = CONST
+    kind: ClassVar[Kind] = CONST
 
 
-class Graph(NamedTuple):
+@_record
+class Graph:
     index: int  # into the graph's outputs (Plan.graph)
-    kind = GRAPH
+    kind: ClassVar[Kind] = GRAPH
 
 
-class Input(NamedTuple):
+@_record
+class Input:
     index: int  # into the call's leaves
-    kind = INPUT
+    kind: ClassVar[Kind] = INPUT
 
 
-class View(NamedTuple):
+@_record
+class View:
     index: int  # the input leaf viewed
     shape: tuple
     stride: tuple
     offset: int  # in elements, from the leaf's own storage offset
-    kind = VIEW
+    kind: ClassVar[Kind] = VIEW
 
 
-class Passed(NamedTuple):
+@_record
+class Passed:
     ref: Ref  # where the caller's object sits in the call
-    kind = PASSED
+    kind: ClassVar[Kind] = PASSED
 
 
-class TupleOf(NamedTuple):
+@_record
+class TupleOf:
     items: list
-    kind = TUPLE
+    kind: ClassVar[Kind] = TUPLE
 
 
-class ListOf(NamedTuple):
+@_record
+class ListOf:
     items: list
-    kind = LIST
+    kind: ClassVar[Kind] = LIST
 
 
-class DictOf(NamedTuple):
+@_record
+class DictOf:
     cls: type
     keys: list
     values: list
     default_factory: Any  # a defaultdict's, else None
-    kind = DICT
+    kind: ClassVar[Kind] = DICT
 
 
-class NamedTupleOf(NamedTuple):
+@_record
+class NamedTupleOf:
     cls: type
     items: list
-    kind = NAMEDTUPLE
+    kind: ClassVar[Kind] = NAMEDTUPLE
 
 
-class TensorDictOf(NamedTuple):
+@_record
+class TensorDictOf:
     batch_size: Any
     device: Any
     names: tuple | None
     entries: list  # (name, recipe)
     locked: bool
-    kind = TD
+    kind: ClassVar[Kind] = TD
 
 
-class TensorClassOf(NamedTuple):
+@_record
+class TensorClassOf:
     cls: type
     td: TensorDictOf
     non_tensor: dict
-    kind = TC
+    kind: ClassVar[Kind] = TC
 
 
-class ObjectOf(NamedTuple):
+@_record
+class ObjectOf:
     template: Any  # copied (copy.copy) per call
     attrs: list  # (name, recipe)
-    kind = OBJECT
+    kind: ClassVar[Kind] = OBJECT
 
 
-class LazyStackOf(NamedTuple):
+@_record
+class LazyStackOf:
     stack_dim: int
     items: list
-    kind = LAZY
+    kind: ClassVar[Kind] = LAZY
 
 
 def build(recipe: Any, values: list, leaves: Any, objs: dict, tree: Any, memo: dict | None = None) -> Any:
