@@ -69,7 +69,7 @@ def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict,
         return OTHER, None
     if not entry.watch.check():
         return STALE, split
-    if not (entry.plain or entry.extra_ok(split[0], split[1])):
+    if not (entry.plain or entry.extra_ok(*split)):  # (split: the leaves and slot values)
         return REFUSED, split
     if _DEPTH[0] and capturing():
         return INLINE, split
