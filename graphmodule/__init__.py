@@ -5,28 +5,38 @@
 
 Modules, one concept each:
 
-- ``_module``: ``CudaGraphModule``, the state machine (warmup → capture → replay).
+- ``_module``: ``CudaGraphModule``: its life cycle (``State``: warmup → captured, failed,
+  eager) and the hot path of a call.
+- ``_surface``: what a wrapper shows besides calls: ``state``, ``stats``, ``graph``,
+  ``pool``, ``explain()``, ``debug_dump()``, tensordict's attributes, ``repr``, copies.
 - ``_options``: its options (a frozen dataclass) and state (an enum).
-- ``_entry``: one captured graph as one value, and the replay path every call takes.
+- ``_graphs``: the graphs a wrapper holds, and the slow path's work on them: finding a
+  call's graph, warmup calls, capturing, capturing again, dropping stale and evicted ones.
+- ``_index``: which graph a call of another signature matched last (``max_graphs > 1``).
+- ``_entry``: one captured graph as one value; ``decide``, whether a call replays it (the
+  one decision every path takes); the replay path.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
 - ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
 - ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.
-- ``_explain``: what differs when a call does not match: cold.
-- ``_inputs``: static input buffers, aliased as the caller's inputs were.
+- ``_explain``: what differs when a call does not match, and ``explain()``'s text: cold.
+- ``_inputs``: static input buffers, aliased as the caller's inputs were; where a call's
+  objects sit (``Ref``).
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
-- ``_outputs``: how the graph's buffers become the call's result.
-- ``_stale``: what the graph reads from outside its inputs, checked each call.
+- ``_outputs``: how the graph's buffers become the call's result (``_recipes``: the typed
+  records saying where each part of it comes from).
+- ``_outputsets``: ``OutputSets``, the state machine of ``outputs="safe"``: lent results,
+  twins, copies (``_lend``: lending the buffers; ``_twin``: a twin's own buffers).
+- ``_stale``: what the graph reads from outside its inputs, checked each call
+  (``_dictwatch``: the dict watchers that let it skip what did not change).
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_mode``: grad mode, train/eval, interaction type: part of the signature.
-- ``_capture``: the only module that touches CUDA graphs (and its CPU stand-ins).
+- ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
+  three runners (CUDA, simulated on any device, eager).
 - ``_diagnose``: the likely cause of a failed capture.
 - ``_dispatch``: TensorDict keys, calling conventions, keyword order.
 - ``_paths``: names of places in a call, for messages.
 - ``_errors``, ``_stats``: what users catch and read.
-- ``_native``: the compiled hot path (opt-in: ``GRAPHMODULE_NATIVE=1`` or ``enable_native()``).
 """
-
-import os as _os
 
 from ._errors import (
     CaptureError,
@@ -40,7 +50,6 @@ from ._errors import (
     UnsupportedError,
 )
 from ._module import CudaGraphModule
-from ._native import enable_native, native_enabled
 from ._options import Options, State
 from ._stats import GraphStats
 
@@ -61,9 +70,4 @@ __all__ = [
     "State",
     "UnsupportedError",
     "__version__",
-    "enable_native",
-    "native_enabled",
 ]
-
-if _os.environ.get("GRAPHMODULE_NATIVE", "") == "1":
-    enable_native()

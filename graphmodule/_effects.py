@@ -13,25 +13,90 @@ and then repeated on every call's objects:
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._inputs import Materialized, StaticInputs, resolve
-from ._outputs import PlanBuilder, build
+from ._inputs import SLOT, SLOT_OBJ, Materialized, Ref, StaticInputs, resolve
+from ._outputs import PlanBuilder
+from ._recipes import build, collect
 
-__all__ = ["Effects", "ContainerSnapshot"]
+__all__ = ["ContainerSnapshot", "DictOp", "Effects", "ListOp", "OpKind", "Requirement", "TensorDictOp",
+           "collect_call"]
 
 
-def _state(obj: Any) -> Any:
+class OpKind(enum.Enum):
+    """The kind of container an effect operation (or a snapshot of its content) is about."""
+
+    TD = "a TensorDict: entries written, deleted or moved, batch size, names"
+    DICT = "a dict: its final items"
+    LIST = "a list: its final items"
+
+
+TD, DICT, LIST = OpKind.TD, OpKind.DICT, OpKind.LIST  # (read without the class: faster)
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # (read at every call: as fast as a tuple)
+class TensorDictOp:
+    """A TensorDict of the call changed: its writes, deletions, batch size, names, order."""
+
+    target: Ref
+    writes: list  # (name, recipe)
+    deletes: list  # names
+    batch_size: Any  # the new one, or None if unchanged
+    names: Any  # the new dim names, or _ABSENT if unchanged
+    moved: list  # names deleted and set again (they come last, in this order)
+    kind: ClassVar[OpKind] = TD
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DictOp:
+    """A dict of the call changed: its content after the call."""
+
+    target: Ref
+    keys: list
+    values: list  # recipes
+    kind: ClassVar[OpKind] = DICT
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ListOp:
+    """A list of the call changed: its content after the call."""
+
+    target: Ref
+    items: list  # recipes
+    kind: ClassVar[OpKind] = LIST
+
+
+class Requirement(NamedTuple):
+    """For the effects to be the function's: the caller's TensorDict at slot ``position``
+    holds a nested TensorDict of ``batch_size`` at ``key`` (``batch_size`` None: holds none)."""
+
+    position: int
+    key: tuple
+    batch_size: Any
+
+
+class Contents(NamedTuple):
+    """What a container held at one moment (items, and a TensorDict's batch size and names)."""
+
+    kind: OpKind
+    items: list  # (key, value) pairs for TD and DICT, values for LIST
+    batch_size: Any = None
+    names: tuple | None = None
+
+
+def _contents(obj: Any) -> Contents | None:
     if isinstance(obj, TensorDictBase):
         names = tuple(obj.names) if obj._has_names() else None
-        return ("td", list(obj.items()), obj.batch_size, names)
+        return Contents(TD, list(obj.items()), obj.batch_size, names)
     if isinstance(obj, dict):
-        return ("dict", list(obj.items()))
+        return Contents(DICT, list(obj.items()))
     if isinstance(obj, list):
-        return ("list", list(obj))
+        return Contents(LIST, list(obj))
     return None  # immutable (tuples) or a tensorclass, whose TensorDict is tracked
 
 
@@ -44,21 +109,22 @@ class ContainerSnapshot:
 
     def __init__(self, materialized: Materialized):
         self.materialized = materialized
-        self.before = [(obj, _state(obj)) for obj in materialized.objects]
+        self.before = [(obj, _contents(obj)) for obj in materialized.objects]
 
-    def changes(self) -> list[tuple[Any, Any, Any]]:
+    def changes(self) -> list[tuple[Any, Contents, Contents]]:
+        """``(object, before, after)`` of each container the function changed."""
         out = []
         for obj, before in self.before:
             if before is None:
                 continue
-            after = _state(obj)
-            kind = before[0]
-            if kind == "list":
-                changed = len(before[1]) != len(after[1]) or any(a is not b for a, b in zip(before[1], after[1]))
+            after = _contents(obj)
+            if before.kind is LIST:
+                changed = len(before.items) != len(after.items) or any(
+                    a is not b for a, b in zip(before.items, after.items))
             else:
-                changed = not _same_items(before[1], after[1])
-                if kind == "td":
-                    changed = changed or before[2] != after[2] or before[3] != after[3]
+                changed = not _same_items(before.items, after.items)
+                if before.kind is TD:
+                    changed = changed or before.batch_size != after.batch_size or before.names != after.names
             if changed:
                 out.append((obj, before, after))
         return out
@@ -69,46 +135,47 @@ class Effects:
 
     def __init__(self, written: list[int], changes: list, materialized: Materialized, builder: PlanBuilder):
         self.written = written
-        self.ops: list[tuple] = []
-        # (position, key, batch size): the caller's TensorDict at a slot must hold a nested
-        # TensorDict of that batch size at key (None: must not hold one), for the ops to be
-        # what the function would do (see Materialized.mirrors)
-        self.requires: list[tuple] = []
+        self.ops: list[TensorDictOp | DictOp | ListOp] = []
+        # the caller's TensorDicts must hold (or not hold) nested TensorDicts where the
+        # function found them, for the ops to be what the function would do (see
+        # Materialized.mirrors)
+        self.requires: list[Requirement] = []
         for obj, before, after in changes:
             ref = materialized.refs[id(obj)]
-            kind = after[0]
             # a TensorDict slot itself is registered as the slot's object: its place is its root
-            where = ("slot", ref[1], ()) if ref[0] == "slot_obj" and isinstance(obj, TensorDictBase) else ref
-            if kind == "dict":
-                keys = [k for k, _ in after[1]]
-                self.ops.append(("dict", ref, keys, [builder.plan(v) for _, v in after[1]]))
-            elif kind == "list":
-                self.ops.append(("list", ref, [builder.plan(v) for v in after[1]]))
+            where = Ref.slot(ref.position) if ref.kind is SLOT_OBJ and isinstance(obj, TensorDictBase) else ref
+            if after.kind is DICT:
+                keys = [k for k, _ in after.items]
+                self.ops.append(DictOp(ref, keys, [builder.plan(v) for _, v in after.items]))
+            elif after.kind is LIST:
+                self.ops.append(ListOp(ref, [builder.plan(v) for v in after.items]))
             else:
-                old = dict(before[1])
-                writes = [(name, builder.plan(value)) for name, value in after[1] if old.get(name, _ABSENT) is not value]
-                kept = {name for name, _ in after[1]}
+                old = dict(before.items)
+                writes = [(name, builder.plan(value)) for name, value in after.items
+                          if old.get(name, _ABSENT) is not value]
+                kept = {name for name, _ in after.items}
                 deletes = [name for name in old if name not in kept]
-                batch_size = after[2] if after[2] != before[2] else None
-                names = after[3] if after[3] != before[3] else _ABSENT
-                moved = _appended([name for name, _ in before[1]], [name for name, _ in after[1]])
-                self.ops.append(("td", ref, writes, deletes, batch_size, names, moved))
-                if where[0] == "slot" and where[1] in materialized.by_key:
+                batch_size = after.batch_size if after.batch_size != before.batch_size else None
+                names = after.names if after.names != before.names else _ABSENT
+                moved = _appended([name for name, _ in before.items], [name for name, _ in after.items])
+                self.ops.append(TensorDictOp(ref, writes, deletes, batch_size, names, moved))
+                if where.kind is SLOT and where.position in materialized.by_key:
                     # a TensorDict the function created under a key the module does not read:
                     # eagerly it would merge into one the caller had there
-                    self.requires += [(where[1], where[2] + (name,), None) for name, value in after[1]
+                    self.requires += [Requirement(where.position, where.path + (name,), None)
+                                      for name, value in after.items
                                       if name not in old and isinstance(value, TensorDictBase)
                                       and id(value) not in materialized.refs]
-            if where[0] == "slot":
+            if where.kind is SLOT:
                 # writes below a nested TensorDict mirrored from the caller's: it must be there
-                position, key = where[1], where[2]
-                self.requires += [(position, key[:i], materialized.mirrors[(position, key[:i])][0])
+                position, key = where.position, where.path
+                self.requires += [Requirement(position, key[:i], materialized.mirrors[(position, key[:i])].batch_size)
                                   for i in range(1, len(key) + 1) if (position, key[:i]) in materialized.mirrors]
         self.requires = list(dict.fromkeys(self.requires))
         # a function that writes or creates nested TensorDicts in a TensorDict read by key can
         # also carry the caller's unread ones along (TensorDictSequential copies nested
         # TensorDicts into tensordict_out whole): then their layout must stay as at capture
-        heads = frozenset(key[0] for _, key, _ in self.requires)  # the top-level entries concerned
+        heads = frozenset(r.key[0] for r in self.requires)  # the top-level entries concerned
         self.layouts = {position: (heads, tuple(p for p in paths if p[0] in heads))
                         for position, paths in materialized.nested.items()} if heads else {}
         self.any = bool(self.written or self.ops)
@@ -119,11 +186,11 @@ class Effects:
             inputs.copy_back(leaves, self.written)
         # the objects as the call passed them, before any op moves one (a nested
         # TensorDict written into, then deleted from its parent)
-        targets = [resolve(op[1], tree, objs) for op in self.ops]
+        targets = [resolve(op.target, tree, objs) for op in self.ops]
         for op, target in zip(self.ops, targets):
-            kind = op[0]
-            if kind == "td":
-                _, _, writes, deletes, batch_size, names, moved = op
+            kind = op.kind
+            if kind is TD:
+                writes, deletes, batch_size, names, moved = op.writes, op.deletes, op.batch_size, op.names, op.moved
                 if deletes:
                     for name in deletes:
                         if name in target.keys():
@@ -151,13 +218,12 @@ class Effects:
                         target.set(name, value)
                 if names is not _ABSENT:
                     target.names = list(names) if names is not None else None
-            elif kind == "dict":
-                _, _, keys, recipes = op
-                items = [build(r, values, leaves, objs, tree, memo) for r in recipes]
+            elif kind is DICT:
+                items = [build(r, values, leaves, objs, tree, memo) for r in op.values]
                 target.clear()
-                target.update(zip(keys, items))
+                target.update(zip(op.keys, items))
             else:
-                target[:] = [build(r, values, leaves, objs, tree, memo) for r in op[2]]
+                target[:] = [build(r, values, leaves, objs, tree, memo) for r in op.items]
 
 
 _ABSENT = object()
@@ -177,3 +243,20 @@ def _appended(before: list, after: list) -> list:
             break
         last, n = i, n + 1
     return after[n:] if any(name in position for name in after[n:]) else []
+
+
+def collect_call(out_recipe: Any, ops: list, out: Any, targets: list, found: dict[int, Any]) -> None:
+    """The fresh tensors at the graph-output places of a run of the function: in what it
+    returned (``out``) and in the containers its effects (``ops``) write (``targets``, as
+    handed to it). For simulated replays, and a twin's copies (``_twin``)."""
+    collect(out_recipe, out, found)
+    for op, target in zip(ops, targets):
+        if op.kind is TD:
+            for name, recipe in op.writes:
+                collect(recipe, target.get(name), found)
+        elif op.kind is DICT:
+            for key, recipe in zip(op.keys, op.values):
+                collect(recipe, target[key], found)
+        else:
+            for value, recipe in zip(target, op.items):
+                collect(recipe, value, found)

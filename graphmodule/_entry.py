@@ -1,27 +1,79 @@
-"""One captured graph as one value, and the single replay path every call takes.
+"""One captured graph as one value, the one decision whether a call replays it, and the
+single replay path every call takes.
 
 An :class:`Entry` holds what a capture produced: the signature calls must match
 (``spec``, ``mode``), the static input buffers, the effects on inputs, the plan of
 outputs, what the graph reads from outside its inputs (``watch``) and the runner's
-handle. The capturing call and every later call end in :meth:`Entry.finish`.
+handle. :func:`decide` says whether a call replays it (the hot path and the slow path
+both ask it); the capturing call and every later call end in :meth:`Entry.finish`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
 
-from ._effects import Effects
+from ._runners import _DEPTH, capturing
+from ._effects import TD, Effects, collect_call
 from ._errors import Mismatch
-from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, nested_paths, resolve, span_bytes
-from ._outputs import GRAPH, REF, Plan, build, collect_call, dense, ref_recipes
+from ._inputs import (
+    SLOT,
+    SLOT_OBJ,
+    Materialized,
+    StaticInputs,
+    alias_groups,
+    identity_pattern,
+    nested_paths,
+    resolve,
+    span_bytes,
+)
+from ._outputs import Plan, dense
+from ._recipes import GRAPH, PASSED, build, passed_recipes
 from ._spec import InputSpec
 from ._stale import Watch
 from ._tree import _is_node
 
-__all__ = ["Entry"]
+if TYPE_CHECKING:
+    from ._outputsets import OutputSets
+
+__all__ = ["Entry", "Verdict", "decide"]
+
+
+class Verdict(enum.Enum):
+    """What a call does with a graph (see :func:`decide`)."""
+
+    REPLAY = "replay the graph"
+    OTHER = "not this graph's call: the inputs' structure, tensors, constants or modes differ"
+    STALE = "something the graph reads from outside its inputs changed"
+    REFUSED = ("the inputs' aliasing, strides or nested TensorDicts, or what a layer's backward "
+               "depends on, differ from the capture")
+    INLINE = "inside another wrapper's capture: run inline, recorded into that capture"
+
+
+REPLAY, OTHER, STALE, REFUSED, INLINE = Verdict  # (read without the class: faster)
+
+
+def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict, Any]:
+    """Whether a call (``args``, ``kwargs``, and the modes it runs under) replays ``entry``,
+    with the call's leaves and slot values where they match (``None`` for ``OTHER``).
+
+    The one decision every call takes: ``CudaGraphModule.__call__`` replays on ``REPLAY``
+    and hands anything else to the slow path, which asks again graph by graph and acts on
+    the verdict (another graph, a stale graph, a mismatch to explain).
+    """
+    split = entry.spec.match(args, kwargs)
+    if split is None or mode != entry.mode:
+        return OTHER, None
+    if not entry.watch.check():
+        return STALE, split
+    if not (entry.plain or entry.extra_ok(*split)):  # (split: the leaves and slot values)
+        return REFUSED, split
+    if _DEPTH[0] and capturing():
+        return INLINE, split
+    return REPLAY, split
 
 
 class Entry:
@@ -34,7 +86,7 @@ class Entry:
         inputs: StaticInputs,
         effects: Effects,
         plan: Plan,
-        out_recipe: tuple,
+        out_recipe: Any,
         stride_checked: set[int],
         watch: Watch,
         runner: Any,
@@ -42,6 +94,8 @@ class Entry:
         clone: bool,
         texts: list[str],
         layer: Any = None,
+        capture_bytes: int = 0,
+        capture_seconds: float = 0.0,
     ):
         self.spec, self.mode = spec, spec.mode
         # a graph used as a layer: its backward graph, and the autograd node outputs join (_grad)
@@ -49,7 +103,9 @@ class Entry:
         self.inputs, self.effects, self.plan, self.out_recipe = inputs, effects, plan, out_recipe
         self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
         self.texts = texts  # printable place of each input leaf, for messages
-        self.capture_bytes = 0  # device memory the capture added (the wrapper sets it)
+        # device memory the graph added: what its capture added to the pool, and output
+        # buffers of its own outside any pool (a twin's, see _twin)
+        self.capture_bytes, self.capture_seconds = capture_bytes, capture_seconds
         self.stride_checked = sorted(stride_checked)
         self.stride_facts = [inputs.leaves[i].stride() for i in self.stride_checked]
         # inputs aliasing each other matter when the graph writes into inputs, or was
@@ -58,31 +114,27 @@ class Entry:
         # nested TensorDicts that must (or must not) be in the caller's TensorDict for the
         # effects to be the function's (Effects.requires)
         self.requires, self.layouts = effects.requires, effects.layouts
-        self.result_refs = [r for r in ref_recipes(out_recipe) if r[1][0] != "slot_obj"] if effects.ops else []
+        self.result_refs = [r for r in passed_recipes(out_recipe) if r.ref.kind is not SLOT_OBJ] if effects.ops else []
         self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
         self.plain = layer is None and not self.extra_checks  # extra_ok has nothing to check
         self.single = (
-            out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
+            out_recipe.kind is GRAPH and out_recipe.index == 0 and len(plan.graph) == 1 and not effects.any and not plan.grad
             and layer is None
         )
-        # outputs="safe": more captures of the same call with buffers of their own, made
-        # when the caller still holds every set's results at a call (see _lend)
-        self.others: list[Entry] = []
-        self.sets_done = False  # no more sets: the next such call captures a copying graph
-        self.held_eager = False  # no copying graph could be captured: such calls run eagerly
-        # what the wrapper does when a caller holds the results of every set:
-        # (entry, leaves, objs, tree) -> the call's result
-        self.renew: Any = None
-        self.returns_input_td = out_recipe[0] == REF and out_recipe[1][0] == "slot_obj" and out_recipe[1][1] == 0
+        # where results come from when a caller holds the last ones (_outputsets): set by
+        # the OutputSets made for a graph the wrapper holds (None for a twin)
+        self.outputs: OutputSets | None = None
+        self.returns_input_td = (out_recipe.kind is PASSED and out_recipe.ref.kind is SLOT_OBJ
+                                 and out_recipe.ref.position == 0)
 
     def written_keys(self) -> list:
         """Keys the function writes into its first TensorDict argument (top level and nested)."""
         out = []
         for op in self.effects.ops:
-            ref = op[1]
-            if op[0] == "td" and ref[0] in ("slot", "slot_obj") and ref[1] == 0:
-                prefix = ref[2] if ref[0] == "slot" else ()
-                out += [prefix + (name,) if prefix else name for name, _ in op[2]]
+            ref = op.target
+            if op.kind is TD and ref.kind in (SLOT, SLOT_OBJ) and ref.position == 0:
+                prefix = ref.path
+                out += [prefix + (name,) if prefix else name for name, _ in op.writes]
         return out
 
     # -- the replay path -----------------------------------------------------------------
@@ -96,15 +148,11 @@ class Entry:
         return not self.extra_mismatches(leaves, None, objs)
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        lender = self.plan.lender
-        if lender is not None and lender.busy():
+        gate = self.outputs.gate
+        if gate is not None and gate.busy():
             # The caller still holds a result of the last replay (``out = g(x)`` in a loop
-            # holds it until this call returns): replay another output set whose results
-            # are free; else the wrapper captures anew.
-            for other in self.others:
-                if not other.plan.lender.busy():
-                    return other._replay(leaves, objs, tree)
-            return self.renew(self, leaves, objs, tree)
+            # holds it until this call returns): the output sets say where results come from.
+            return self.outputs.held(self, leaves, objs, tree)
         return self._replay(leaves, objs, tree)
 
     def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
@@ -130,7 +178,7 @@ class Entry:
             # objects of the call the result holds, found before the effects move any (a
             # nested TensorDict returned, then deleted from its parent)
             for recipe in self.result_refs:
-                memo[id(recipe)] = resolve(recipe[1], tree, objs)
+                memo[id(recipe)] = resolve(recipe.ref, tree, objs)
             self.effects.apply(self.inputs, leaves, objs, tree, values, memo)
         return build(self.out_recipe, values, leaves, objs, tree, memo)
 
@@ -139,10 +187,8 @@ class Entry:
         self.handle = None
         if self.layer is not None:
             self.layer.release()
-        self.renew = None
-        for other in self.others:
-            other.release()
-        self.others = []
+        if self.outputs is not None:
+            self.outputs.release(self)
 
     # -- cold ----------------------------------------------------------------------------
     def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:
@@ -154,7 +200,7 @@ class Entry:
                 found.append(Mismatch(f"the nested TensorDicts of TensorDict argument {position}", "unread",
                                       f"{list(paths)} (as at capture: the function writes nested TensorDicts)",
                                       str(list(now))))
-        for position, key, batch_size in self.requires:
+        for position, key, batch_size in self.requires:  # (Requirement)
             td = objs[position]
             now = td.get(key, None) if isinstance(td, TensorDictBase) else None
             is_td = _is_node(now)
@@ -209,11 +255,12 @@ class Entry:
         return found
 
     def make_refresh(self, rerun, module: Any) -> Any:
-        """For a simulated graph: re-run the function and update the static results."""
+        """What a simulated replay runs (``Runner.bind_rerun``): re-run the function and
+        update the static results."""
         graph = self.plan.graph
 
         def refresh() -> None:
-            out, targets = rerun([op[1] for op in self.effects.ops])
+            out, targets = rerun([op.target for op in self.effects.ops])
             found: dict[int, torch.Tensor] = {}
             collect_call(self.out_recipe, self.effects.ops, out, targets, found)
             if self.layer is not None:  # the simulated backward differentiates this run

@@ -19,7 +19,7 @@ from ._paths import describe, format_key, format_path, leaf_texts
 from ._spec import InputSpec, same_constant
 from ._tree import MISSING, Node, Slot, _is_node, _is_non_tensor, flatten_with_path, is_slot_value
 
-__all__ = ["explain_mismatches", "describe_facts", "describe_spec", "mismatch_error"]
+__all__ = ["describe_facts", "describe_graphs", "describe_spec", "explain_mismatches", "mismatch_error"]
 
 
 def describe_facts(f: tuple) -> str:
@@ -39,6 +39,25 @@ def describe_spec(spec: InputSpec, arg_names: Sequence[str] = ()) -> str:
         else:
             lines.append(f"{text}: constant {describe(consts_at[i])}")
     return "\n".join(lines)
+
+
+def describe_graphs(entries: list, eager_spec: InputSpec | None, arg_names: Sequence[str] = ()) -> list[str]:
+    """``explain()``'s lines for each graph (most recently used first): its inputs, its
+    backward graph (a layer), where its results come from; without graphs, the signature
+    eager calls are checked against (if any)."""
+    lines: list[str] = []
+    if not entries:
+        entries_or_spec = [(eager_spec, None, None)] if eager_spec is not None else []
+    else:
+        entries_or_spec = [(e.spec, e.layer, e.outputs) for e in entries]
+    for n, (spec, layer, outputs) in enumerate(entries_or_spec):
+        lines.append("captured inputs:" if len(entries_or_spec) == 1 else f"graph {n} inputs:")
+        lines += ["  " + line for line in describe_spec(spec, arg_names).splitlines()]
+        if layer is not None:
+            lines.append("  " + layer.describe())
+        if outputs is not None:
+            lines.append("  " + outputs.describe())
+    return lines
 
 
 def _order_mismatches(captured: list[tuple], got: list[tuple], arg_names) -> list[Mismatch]:
@@ -211,7 +230,8 @@ def _under_missing(text: str, found: list[Mismatch]) -> bool:
 
 def mismatch_error(owner: str, spec: InputSpec, tree: Any, arg_names: Sequence[str], modes: list[Mismatch],
                    tensordict_module: bool) -> InputMismatchError:
-    """The error for a call that does not match, of the class a user would catch."""
+    """The error for a call that does not match, of the class a user would catch; ``modes``:
+    what differs in the modes (``ModeReader.mismatches``)."""
     found = explain_mismatches(spec, tree, arg_names) + modes
     if not found:  # the fast and slow readers disagree: a bug, but never a silent replay
         found = [Mismatch("inputs", "structure", "the captured call", "a call that does not match it")]

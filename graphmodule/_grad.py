@@ -33,7 +33,7 @@ What the node refuses, with an error instead of wrong gradients:
 
 Memory: a forward's activations must stay as it left them until its backward. A call whose
 warmup result tracked gradients is captured where no other graph writes (as lent outputs
-are, see ``_capture``); the backward graph, whose results are consumed within the backward
+are, see ``_runners``); the backward graph, whose results are consumed within the backward
 pass, goes in the shared pool. It is run once eagerly on the captured forward's activations
 before its capture (no second forward), so that what it uses initialises outside the capture.
 
@@ -309,21 +309,17 @@ class Layer:
         self.anchor = torch.empty(0, device="cpu")
         self.fresh: dict[int, Tensor] = dict(zip(out_index, outs))  # simulated: the last forward's outputs
         self.keep = outs  # the captured autograd graph: its saved activations stay allocated
-        self.stream = getattr(runner, "stream", None)  # where the graphs were captured (CUDA)
         self.grad_out = [torch.zeros_like(o, memory_format=torch.contiguous_format) for o in outs]
         frontier = self._frontier()
         # the backward once eagerly first, on the forward's activations (no second forward):
         # libraries it uses initialise themselves outside the capture
         runner.run_eager(lambda: self._grad(outs, frontier))
-        seconds, nbytes = runner.capture_seconds, runner.capture_bytes
         # (in the shared pool: only the forward's activations must outlive a replay, until this
         # backward; the gradients it returns are consumed within the backward pass)
-        self.handle, grads = runner.capture(lambda: self._grad(outs, frontier), owner)
-        runner.capture_seconds += seconds
-        runner.capture_bytes += nbytes
-        self.grad_in = list(grads)
-        if getattr(self.handle, "refresh", False) is None:  # a simulated graph
-            self.handle.refresh = self._simulate
+        captured = runner.capture(lambda: self._grad(outs, frontier), owner)
+        self.handle, self.grad_in = captured.handle, list(captured.out)
+        self.capture_bytes, self.capture_seconds = captured.bytes, captured.seconds  # (the entry's, with its forward's)
+        runner.bind_rerun(self.handle, self._simulate)
 
     def _frontier(self) -> list[Tensor]:
         return [self.inputs.leaves[i] for i in self.tracked] + self.params()
@@ -373,21 +369,12 @@ class Layer:
         box: list[Any] = []
         edges = [leaves[i] for i in self.tracked] + self.params()
         values = plan.values(clone)  # (on your stream, after the replay)
-        stream = self.stream
-        if stream is None:
-            outs = _GraphedLayer.apply(self, plan, values, box, *edges)
-        else:
-            # The node is made on the capture's stream, where the parameters' AccumulateGrad
-            # nodes were made (the forward capture made them; the autograd graph it keeps,
-            # keeps them): autograd runs its backward there, and hands the gradients it
-            # returns to those nodes on their own stream. Made on yours, each backward warned
-            # of a stream mismatch (and synchronised the two streams). It launches nothing.
-            caller = torch.cuda.current_stream(stream.device)
-            torch.cuda.set_stream(stream)
-            try:
-                outs = _GraphedLayer.apply(self, plan, values, box, *edges)
-            finally:
-                torch.cuda.set_stream(caller)
+        # The node is made on the capture's stream, where the parameters' AccumulateGrad
+        # nodes were made (the forward capture made them; the autograd graph it keeps,
+        # keeps them): autograd runs its backward there, and hands the gradients it
+        # returns to those nodes on their own stream. Made on yours, each backward warned
+        # of a stream mismatch (and synchronised the two streams). It launches nothing.
+        outs = self.runner.on_capture_stream(_GraphedLayer.apply, self, plan, values, box, *edges)
         for j, t in zip(self.out_index, outs):
             box[j] = t
         return box

@@ -14,15 +14,17 @@ caller's own objects.
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from operator import is_
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ._tree import Layout, _is_node, build_td, slot_ranges, unflatten
 
-__all__ = ["StaticInputs", "Materialized", "storage_base"]
+__all__ = ["Materialized", "Ref", "RefKind", "StaticInputs", "resolve", "storage_base"]
 
 Tensor = torch.Tensor
 _CONTAINERS = (dict, list, tuple)
@@ -174,16 +176,18 @@ class StaticInputs:
         self.identity_copy = copy_srcs == self.tensor_index and not self.spans and self.copy_groups is None
         self.all_tensors = len(self.tensor_index) == len(self.leaves)
         self.buffers = [self.leaves[i] for i in self.tensor_index]
-        # one buffer and nothing else (a policy's observation): copied without the lists
+        # one buffer and nothing else (a policy's observation): (buffer, leaf index), copied
+        # without the lists
         self._one = (copy_dests[0], copy_srcs[0]) if len(copy_dests) == 1 and not self.spans else None
 
     def copy_from(self, leaves: Any) -> None:
         """Copy a call's tensor leaves into the buffers (one foreach launch, plus spans)."""
         one = self._one
         if one is not None:
-            source = leaves[one[1]]
-            if source is not one[0]:  # (a producer wrote straight into the buffer)
-                one[0].copy_(source)
+            buffer, index = one
+            source = leaves[index]
+            if source is not buffer:  # (a producer wrote straight into the buffer)
+                buffer.copy_(source)
             return
         if self.copy_groups is not None:
             for dests, srcs in self.copy_groups:
@@ -253,13 +257,51 @@ def span_bytes(t: Tensor) -> Tensor:
     return _byte_view(storage, start, end - start, t.device)
 
 
+class Mirror(NamedTuple):
+    """A nested TensorDict of the caller's, mirrored empty in what the function is handed."""
+
+    batch_size: Any
+    device: Any
+
+
+class RefKind(enum.Enum):
+    """Where an object of a call sits."""
+
+    TREE = "a container at a path into (args, kwargs)"
+    SLOT = "a TensorDict at a nested key (() for its root) of the TensorDict argument at a slot"
+    SLOT_OBJ = "the TensorDict or tensorclass argument at a slot itself"
+
+
+TREE, SLOT, SLOT_OBJ = RefKind.TREE, RefKind.SLOT, RefKind.SLOT_OBJ  # (read without the class: faster)
+
+
+@dataclass(frozen=True, slots=True)  # (read at every call: as fast as a tuple)
+class Ref:
+    """The place of an object in a call: found again in a later call by :func:`resolve`."""
+
+    kind: RefKind
+    position: int | None  # the slot's position (None for TREE)
+    path: tuple  # TREE: the path into (args, kwargs); SLOT: the nested key; SLOT_OBJ: ()
+
+    @classmethod
+    def tree(cls, path: tuple) -> "Ref":
+        return cls(TREE, None, path)
+
+    @classmethod
+    def slot(cls, position: int, key: tuple = ()) -> "Ref":
+        return cls(SLOT, position, key)
+
+    @classmethod
+    def slot_obj(cls, position: int) -> "Ref":
+        return cls(SLOT_OBJ, position, ())
+
+
 class Materialized:
     """The input tree handed to the function at capture, and where each object in it sits.
 
     ``refs`` maps ``id(obj)`` of every container, TensorDict (nested ones too) and
-    tensorclass handed to the function to its place in the call: ``("tree", path)``
-    (a path into ``(args, kwargs)``) or ``("slot", position, key)`` (a nested key of
-    the TensorDict at that slot). The objects are kept alive here, so ids stay valid.
+    tensorclass handed to the function to its place in the call (a :class:`Ref`). The
+    objects are kept alive here, so ids stay valid.
     """
 
     def __init__(self, inputs: StaticInputs, callers: dict[int, Any] | None = None,
@@ -292,17 +334,15 @@ class Materialized:
             obj = slot.cls._from_tensordict(td, non_tensordict=dict(slot.tc_extra)) if slot.is_tc else td
             self.slot_objs[slot.position] = obj
         self.tree = unflatten(layout, inputs.leaves, self.slot_objs)
-        self.refs: dict[int, tuple] = {}
+        self.refs: dict[int, Ref] = {}
         self.objects: list[Any] = []  # keeps every referenced object alive
         self._walk(self.tree, ())
         for slot in layout.slots:
             obj = self.slot_objs[slot.position]
-            self._register(obj, ("slot_obj", slot.position))
+            self._register(obj, Ref.slot_obj(slot.position))
             td = slot.td_of(obj)
-            self._register(td, ("slot", slot.position, ()))
+            self._register(td, Ref.slot(slot.position))
             self._walk_td(td, slot.position, ())
-        # the containers (not slots) handed to the function, with their paths
-        self.containers = [(obj, ref[1]) for obj, ref in self._pairs() if ref[0] == "tree"]
 
     def _mirror(self, td: TensorDictBase, caller: Any, position: int, prefix: tuple) -> None:
         if not isinstance(caller, TensorDictBase):
@@ -315,15 +355,12 @@ class Materialized:
                 if type(td) is not TensorDict:
                     continue
                 td._tensordict[name] = TensorDict(batch_size=value.batch_size, device=value.device)
-                self.mirrors[(position, key)] = (value.batch_size, value.device)
+                self.mirrors[(position, key)] = Mirror(value.batch_size, value.device)
             mine = td._tensordict.get(name) if type(td) is TensorDict else None
             if _is_node(mine):
                 self._mirror(mine, value, position, key)
 
-    def _pairs(self):
-        return [(obj, self.refs[id(obj)]) for obj in self.objects]
-
-    def _register(self, obj: Any, ref: tuple) -> None:
+    def _register(self, obj: Any, ref: Ref) -> None:
         if id(obj) not in self.refs:
             self.refs[id(obj)] = ref
             self.objects.append(obj)
@@ -331,7 +368,7 @@ class Materialized:
     def _walk(self, node: Any, path: tuple) -> None:
         if isinstance(node, _CONTAINERS) and not isinstance(node, TensorDictBase):
             if len(path) > 1:  # not the (args, kwargs) pair nor its two halves: Python's own
-                self._register(node, ("tree", path))
+                self._register(node, Ref.tree(path))
             items = node.items() if isinstance(node, dict) else enumerate(node)
             for key, child in items:
                 self._walk(child, path + (key,))
@@ -340,7 +377,7 @@ class Materialized:
         for name, value in td.items():
             if isinstance(value, TensorDictBase) and not getattr(type(value), "_is_non_tensor", False):
                 key = prefix + (name,)
-                self._register(value, ("slot", position, key))
+                self._register(value, Ref.slot(position, key))
                 self._walk_td(value, position, key)
 
 
@@ -359,17 +396,17 @@ def nested_paths(td: Any) -> tuple:
     return tuple(out)
 
 
-def resolve(ref: tuple, tree: Any, slot_objs: dict[int, Any]) -> Any:
+def resolve(ref: Ref, tree: Any, slot_objs: dict[int, Any]) -> Any:
     """The caller's object at ``ref`` (see :class:`Materialized`)."""
-    if ref[0] == "tree":
+    kind = ref.kind
+    if kind is TREE:
         node = tree
-        for part in ref[1]:
+        for part in ref.path:
             node = node[part]
         return node
-    if ref[0] == "slot_obj":
-        return slot_objs[ref[1]]
-    _, position, key = ref
-    obj = slot_objs[position]
+    obj = slot_objs[ref.position]
+    if kind is SLOT_OBJ:
+        return obj
     td = obj._tensordict if is_tensorclass(obj) else obj
-    return td.get(key) if key else td
+    return td.get(ref.path) if ref.path else td
 

@@ -16,9 +16,12 @@ storage), and just before the next replay looks at its use count
   captures the same call a second time with buffers of its own (a *twin*); from then on
   the two alternate, each replayed while the other's results are held. A caller that
   holds one result more (the last round's, kept past a loop) gets a third set;
-- the results of all :data:`OUTPUT_SETS` sets are held (a list of losses, a rollout of
+- the results of all ``OUTPUT_SETS`` sets are held (a list of losses, a rollout of
   actions kept whole): the call is captured once more, returning copies from then on
   (``outputs="clone"`` for that signature), and the lending graphs are dropped.
+
+Which of these a call gets is decided by the graph's output sets (``_outputsets``); this
+module is the lending itself.
 
 What a set costs. The first graph lends the memory its capture put its results in, with
 no copy (captured in a pool of its own where the shared pool already holds a graph: a graph
@@ -51,26 +54,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LEND_LATER", "Lender", "OUTPUT_SETS", "available"]
-
-OUTPUT_SETS = 3  # output buffer sets of one call at most (the first graph and two twins)
-
-
-class _LendLater:
-    """The lender of a graph that returns copies until its call is captured again to lend
-    (a new signature's graph in a pool that already held one, see ``CudaGraphModule._capture``):
-    always busy, so that its next replay goes to the wrapper, which makes that capture."""
-
-    __slots__ = ()
-
-    def busy(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "LEND_LATER"
-
-
-LEND_LATER = _LendLater()
+__all__ = ["Lender", "available"]
 
 Tensor = torch.Tensor
 

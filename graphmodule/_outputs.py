@@ -1,27 +1,15 @@
 """How the graph's results become the objects a call hands back, as eagerly.
 
-At capture, every value the function produced (its output, and what it stored into
-its input containers) is turned into a *recipe*: a small tuple tree that says, for
-each part, where a later call takes it from:
-
-- a tensor the graph produced: from this call's copies of the graph's buffers
-  (``GRAPH``); several outputs sharing memory (the same tensor twice, views of one
-  another) share one copy, so they alias as they did;
-- one of the call's inputs (``INPUT``), a view of one (``VIEW``, rebuilt on the
-  caller's tensor so writes through it reach the caller), or a container or
-  TensorDict the caller passed (``REF``): the caller's own object;
-- a tensor the function read from outside its inputs, such as a parameter
-  (``CONST``): that same tensor;
-- containers, TensorDicts, tensorclasses, dataclasses and other objects holding
-  such tensors (a ``torch.distributions`` object): rebuilt around the parts.
-
-Building a call's result walks the recipe; the common shapes (one tensor, a tuple of
-tensors, the input TensorDict) take shortcuts.
+At capture, :class:`PlanBuilder` turns every value the function produced (its output, and
+what it stored into its input containers) into a recipe (see ``_recipes``): where a later
+call takes each part from (the graph's buffers, the call's inputs or objects, values read
+from outside). :class:`Plan` holds the graph's output tensors and gives each call its view
+of them: copies that later calls never overwrite, the buffers themselves, or (with
+``outputs="safe"``) the buffers lent out (``_lend``).
 """
 
 from __future__ import annotations
 
-import copy
 import enum
 import types
 from typing import Any
@@ -30,15 +18,28 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensorclass
 from torch import nn
 
-from ._inputs import Materialized, Span, StaticInputs, resolve, storage_base
+from ._inputs import Materialized, Span, StaticInputs, storage_base
 from ._lend import Lender
 from ._lend import available as lendable
+from ._recipes import (
+    Const,
+    DictOf,
+    Graph,
+    Input,
+    LazyStackOf,
+    ListOf,
+    NamedTupleOf,
+    ObjectOf,
+    Passed,
+    TensorClassOf,
+    TensorDictOf,
+    TupleOf,
+    View,
+)
 
-__all__ = ["PlanBuilder", "Plan", "build", "collect", "collect_call"]
+__all__ = ["PlanBuilder", "Plan", "dense"]
 
 Tensor = torch.Tensor
-
-CONST, GRAPH, INPUT, VIEW, REF, TUPLE, LIST, DICT, NAMEDTUPLE, TD, TC, OBJECT, LAZY = range(13)
 
 _SKIP_OBJECTS = (nn.Module, torch.optim.Optimizer, types.FunctionType, types.MethodType, type, types.ModuleType)
 
@@ -63,7 +64,7 @@ class PlanBuilder:
         self.materialized = materialized
         self.externals = externals
         self.known = known  # ids of objects that existed before the call (returned as themselves)
-        self._memo: dict[int, tuple] = {}
+        self._memo: dict[int, Any] = {}
         self._keep: list[Any] = []
         self.external_bases = {storage_base(t) for t in externals.values() if t.numel()}
         self.input_index: dict[int, int] = {}
@@ -79,7 +80,7 @@ class PlanBuilder:
         self._graph_index: dict[int, int] = {}
         self.stride_checked: set[int] = set()  # inputs whose views are handed back
 
-    def plan(self, value: Any, depth: int = 0) -> tuple:
+    def plan(self, value: Any, depth: int = 0) -> Any:
         """The recipe of ``value``; one object met twice gets one recipe (built once per call)."""
         recipe = self._memo.get(id(value))
         if recipe is None:
@@ -88,38 +89,38 @@ class PlanBuilder:
             self._keep.append(value)
         return recipe
 
-    def _plan(self, value: Any, depth: int) -> tuple:
+    def _plan(self, value: Any, depth: int) -> Any:
         if depth > 32:
             raise Unsupported("the value nests more than 32 levels deep")
         if isinstance(value, Tensor):
             return self._tensor(value)
         ref = self.materialized.refs.get(id(value))
         if ref is not None:
-            return (REF, ref)
+            return Passed(ref)
         if isinstance(value, TensorDictBase):
             return self._td(value, depth)
         if is_tensorclass(value):
-            return (TC, type(value), self._td(value._tensordict, depth), dict(value._non_tensordict))
+            return TensorClassOf(type(value), self._td(value._tensordict, depth), dict(value._non_tensordict))
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-            return (NAMEDTUPLE, type(value), [self.plan(v, depth + 1) for v in value])
+            return NamedTupleOf(type(value), [self.plan(v, depth + 1) for v in value])
         if type(value) is tuple:
-            return (TUPLE, [self.plan(v, depth + 1) for v in value])
+            return TupleOf([self.plan(v, depth + 1) for v in value])
         if type(value) is list:
-            return (LIST, [self.plan(v, depth + 1) for v in value])
+            return ListOf([self.plan(v, depth + 1) for v in value])
         if isinstance(value, dict) and type(value).__module__ in ("builtins", "collections"):
             extra = getattr(value, "default_factory", None)
-            return (DICT, type(value), list(value.keys()), [self.plan(v, depth + 1) for v in value.values()], extra)
+            return DictOf(type(value), list(value.keys()), [self.plan(v, depth + 1) for v in value.values()], extra)
         if self._fresh_object(value):
             attrs = list(vars(value).items())
-            return (OBJECT, value, [(name, self.plan(v, depth + 1)) for name, v in attrs])
-        return (CONST, value)
+            return ObjectOf(value, [(name, self.plan(v, depth + 1)) for name, v in attrs])
+        return Const(value)
 
-    def _tensor(self, t: Tensor) -> tuple:
+    def _tensor(self, t: Tensor) -> Any:
         index = self.input_index.get(id(t))
         if index is not None:
-            return (INPUT, index)
+            return Input(index)
         if id(t) in self.externals:
-            return (CONST, t)
+            return Const(t)
         base = storage_base(t) if t.numel() else None
         if base is not None and base in self.input_bases:
             i = self.input_bases[base]
@@ -129,32 +130,32 @@ class PlanBuilder:
                     f"an output is a view of an input with another dtype ({t.dtype} of {buffer.dtype})"
                 )
             self.stride_checked.add(i)
-            return (VIEW, i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - buffer.storage_offset())
+            return View(i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - buffer.storage_offset())
         if base is not None and base in self.external_bases:
-            return (CONST, t)  # a view of a parameter: the live view
+            return Const(t)  # a view of a parameter: the live view
         j = self._graph_index.get(id(t))
         if j is None:
             j = self._graph_index[id(t)] = len(self.graph)
             self.graph.append(t.detach())
             self.graph_requires_grad.append(t.requires_grad)
             self.sources.append(t)
-        return (GRAPH, j)
+        return Graph(j)
 
-    def _td(self, td: TensorDictBase, depth: int) -> tuple:
+    def _td(self, td: TensorDictBase, depth: int) -> Any:
         ref = self.materialized.refs.get(id(td))
         if ref is not None:
-            return (REF, ref)
+            return Passed(ref)
         if isinstance(td, LazyStackedTensorDict):
-            return (LAZY, td.stack_dim, [self._td(sub, depth + 1) for sub in td.tensordicts])
+            return LazyStackOf(td.stack_dim, [self._td(sub, depth + 1) for sub in td.tensordicts])
         if type(td) is not TensorDict and not getattr(type(td), "_is_non_tensor", False):
             raise Unsupported(f"the function returned a {type(td).__name__}, which graphmodule cannot rebuild")
         if getattr(type(td), "_is_non_tensor", False):
-            return (CONST, td)
+            return Const(td)
         # nested TensorDicts through plan() too: one met twice (in the result and in an
         # input it was written into) is one object, as eagerly
         entries = [(name, self.plan(v, depth + 1)) for name, v in td.items()]
         names = tuple(td.names) if td._has_names() else None
-        return (TD, td.batch_size, td.device, names, entries, td.is_locked)
+        return TensorDictOf(td.batch_size, td.device, names, entries, td.is_locked)
 
     def _fresh_object(self, value: Any) -> bool:
         """An object the function created (eagerly a new one each call): copied per call.
@@ -276,125 +277,3 @@ def _attach_no_backward(out: list[Tensor], index: list[int]) -> None:
     for j, t in zip(index, wrapped):
         out[j] = t
 
-
-def build(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any, memo: dict | None = None) -> Any:
-    """The value a recipe describes, for one call; ``memo`` makes one object per recipe."""
-    tag = recipe[0]
-    if tag == GRAPH:
-        return values[recipe[1]]
-    if tag == INPUT:
-        return leaves[recipe[1]]
-    if tag == CONST:
-        return recipe[1]
-    if tag == REF:
-        made = memo.get(id(recipe)) if memo is not None else None  # resolved before the effects
-        return made if made is not None else resolve(recipe[1], tree, objs)
-    if memo is None:
-        memo = {}
-    made = memo.get(id(recipe))
-    if made is None:
-        made = memo[id(recipe)] = _make(recipe, values, leaves, objs, tree, memo)
-    return made
-
-
-def _make(recipe: tuple, values: list, leaves: Any, objs: dict, tree: Any, memo: dict) -> Any:
-    tag = recipe[0]
-    if tag == VIEW:
-        _, i, size, stride, rel = recipe
-        leaf = leaves[i]
-        return leaf.as_strided(size, stride, leaf.storage_offset() + rel)
-    if tag == TUPLE:
-        return tuple([build(r, values, leaves, objs, tree, memo) for r in recipe[1]])
-    if tag == LIST:
-        return [build(r, values, leaves, objs, tree, memo) for r in recipe[1]]
-    if tag == DICT:
-        _, cls, keys, children, extra = recipe
-        items = zip(keys, [build(r, values, leaves, objs, tree, memo) for r in children])
-        return cls(extra, items) if extra is not None else cls(items)
-    if tag == NAMEDTUPLE:
-        return recipe[1](*[build(r, values, leaves, objs, tree, memo) for r in recipe[2]])
-    if tag == TD:
-        _, batch_size, device, names, entries, locked = recipe
-        source = {name: build(r, values, leaves, objs, tree, memo) for name, r in entries}
-        td = TensorDict._new_unsafe(source=source, batch_size=batch_size, device=device)
-        if names is not None:
-            td.names = list(names)
-        return td.lock_() if locked else td
-    if tag == TC:
-        _, cls, td_recipe, extra = recipe
-        return cls._from_tensordict(build(td_recipe, values, leaves, objs, tree, memo), non_tensordict=dict(extra))
-    if tag == OBJECT:
-        _, template, attrs = recipe
-        obj = copy.copy(template)
-        for name, r in attrs:
-            object.__setattr__(obj, name, build(r, values, leaves, objs, tree, memo))
-        return obj
-    if tag == LAZY:
-        _, dim, subs = recipe
-        return LazyStackedTensorDict(*[build(r, values, leaves, objs, tree, memo) for r in subs], stack_dim=dim)
-    raise AssertionError(f"unknown recipe {tag}")  # pragma: no cover
-
-
-def ref_recipes(recipe: tuple) -> list[tuple]:
-    """The ``REF`` recipes inside ``recipe``: objects of the call that the result holds."""
-    tag = recipe[0]
-    if tag == REF:
-        return [recipe]
-    children: list = []
-    if tag in (TUPLE, LIST, LAZY):
-        children = recipe[1] if tag != LAZY else recipe[2]
-    elif tag == NAMEDTUPLE:
-        children = recipe[2]
-    elif tag == DICT:
-        children = recipe[3]
-    elif tag == TD:
-        children = [r for _, r in recipe[4]]
-    elif tag == TC:
-        children = [recipe[2]]
-    elif tag == OBJECT:
-        children = [r for _, r in recipe[2]]
-    return [ref for child in children for ref in ref_recipes(child)]
-
-
-def collect(recipe: tuple, value: Any, out: dict[int, Tensor]) -> None:
-    """For a simulated replay: the fresh tensors at the recipe's ``GRAPH`` places in ``value``."""
-    tag = recipe[0]
-    if tag == GRAPH:
-        out.setdefault(recipe[1], value)
-    elif tag in (TUPLE, LIST):
-        for r, v in zip(recipe[1], value):
-            collect(r, v, out)
-    elif tag == NAMEDTUPLE:
-        for r, v in zip(recipe[2], value):
-            collect(r, v, out)
-    elif tag == DICT:
-        for r, v in zip(recipe[3], value.values()):
-            collect(r, v, out)
-    elif tag == TD:
-        for name, r in recipe[4]:
-            collect(r, value.get(name), out)
-    elif tag == TC:
-        collect(recipe[2], value._tensordict, out)
-    elif tag == OBJECT:
-        for name, r in recipe[2]:
-            collect(r, getattr(value, name), out)
-    elif tag == LAZY:
-        for r, v in zip(recipe[2], value.tensordicts):
-            collect(r, v, out)
-
-
-def collect_call(out_recipe: tuple, ops: list, out: Any, targets: list, found: dict[int, Tensor]) -> None:
-    """The fresh tensors at the ``GRAPH`` places of a run of the function: in what it
-    returned (``out``) and in the containers its effects (``ops``) write (``targets``, as
-    handed to it). For simulated replays, and a twin's copies (``_twin``)."""
-    collect(out_recipe, out, found)
-    for op, target in zip(ops, targets):
-        if op[0] == "td":
-            for name, recipe in op[2]:
-                collect(recipe, target.get(name), found)
-        elif op[0] == "dict":
-            for key, recipe in zip(op[2], op[3]):
-                collect(recipe, target[key], found)
-        else:
-            for value, recipe in zip(target, op[2]):
-                collect(recipe, value, found)

@@ -16,7 +16,7 @@ Anything found that a replay could not reproduce raises before the graph is used
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -24,7 +24,7 @@ from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
-from ._inputs import Materialized, StaticInputs
+from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
 from ._mode import ModeReader
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._paths import describe, leaf_texts
@@ -33,12 +33,22 @@ from ._stale import PythonEffects, Watch
 from ._tree import Layout, _is_node
 from ._twin import CopyOut
 
-__all__ = ["read_call", "record", "mode_reader"]
+__all__ = ["CallRead", "read_call", "record", "mode_reader"]
 
 Tensor = torch.Tensor
 
 
-def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.device | None):
+class CallRead(NamedTuple):
+    """A call about to be captured, as read."""
+
+    tree: Any  # (args, kwargs)
+    layout: Layout
+    leaves: list
+    objs: dict  # the TensorDicts and tensorclasses at the call's slots
+    texts: list[str]  # printable place of each leaf
+
+
+def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.device | None) -> CallRead:
     """The layout, leaves and slot values of a call about to be captured; raises what a
     capture cannot take."""
     layout = Layout.capture(tree, by_key)
@@ -56,7 +66,7 @@ def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.devi
                 f"{text} is {describe(leaf)}; a sparse tensor's memory changes with its number of non-zeros.",
                 "pass a dense tensor (.to_dense()), or its indices and values as fixed-size tensors.",
             )
-    return layout, leaves, objs, texts
+    return CallRead(tree, layout, leaves, objs, texts)
 
 
 def leaf_keys(out: Any) -> list | None:
@@ -76,7 +86,7 @@ def _same_returned_keys(owner: str, out: Any, eager_keys: list | None, materiali
     expected = eager_keys
     ref = materialized.refs.get(id(out))
     if ref is not None:
-        position = ref[1] if ref[0] == "slot_obj" or (ref[0] == "slot" and not ref[2]) else None
+        position = ref.position if ref.kind is SLOT_OBJ or (ref.kind is SLOT and not ref.path) else None
         if position not in materialized.by_key or materialized.slot_paths[position] == (0, 0):
             return  # an input read whole, or the module's input TensorDict: its keys are the caller's
         # tensordict_out: what the caller's held before the call is not in the stand-in
@@ -141,9 +151,10 @@ def record(
     body = lambda: module(*args, **kwargs)  # noqa: E731
     twin = CopyOut(like, materialized) if like is not None else None
     if twin is None:
-        handle, out = runner.capture(body, owner, alone=lend or alone)
+        captured = runner.capture(body, owner, alone=lend or alone)
     else:
-        handle, out = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+        captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+    handle, out = captured.handle, captured.out
     try:
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
         changed = python.changes()
@@ -184,8 +195,11 @@ def record(
         clone=clone,
         texts=texts,
         layer=layer,
+        # a layer's backward capture counts too; a twin's buffers (outside any pool) too
+        capture_bytes=captured.bytes + (layer.capture_bytes if layer is not None else 0)
+        + (twin.nbytes if twin is not None else 0),
+        capture_seconds=captured.seconds + (layer.capture_seconds if layer is not None else 0.0),
     )
-    if getattr(handle, "refresh", False) is None:  # a simulated graph
-        handle.refresh = entry.make_refresh(rerun_body(module, inputs, materialized.mirrors), module)
+    runner.bind_rerun(handle, entry.make_refresh(rerun_body(module, inputs, materialized.mirrors), module))
     return entry, materialized
 

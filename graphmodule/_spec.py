@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from operator import attrgetter
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -30,6 +31,14 @@ __all__ = ["InputSpec", "facts", "same_constant"]
 
 Tensor = torch.Tensor
 _shape = attrgetter("shape")
+
+
+@dataclass(frozen=True, slots=True)  # (read at every call: as fast as a tuple)
+class FlatCall:
+    """A call whose arguments are each one leaf: positional ones, then keywords in this order."""
+
+    n_args: int
+    names: tuple
 
 
 def facts(t: Tensor) -> tuple:
@@ -114,7 +123,7 @@ class InputSpec:
             names = tuple(p[1] for p in layout.paths if p[0] == 1)
             if names and len(layout.paths) == n_args + len(names) and layout.treespec == flatten(
                     (tuple(range(n_args)), dict.fromkeys(names, 0)))[1]:
-                self.flat_call = (n_args, names)
+                self.flat_call = FlatCall(n_args, names)
         # captured with one TensorDict as the only argument (a TensorDict module's call)
         self.lone_slot = (
             layout.slots[0]
@@ -159,7 +168,7 @@ class InputSpec:
                 return leaves, {0: obj}
             return None
         flat_call = self.flat_call
-        if flat_call is not None and len(args) == flat_call[0] and tuple(kwargs) == flat_call[1]:
+        if flat_call is not None and len(args) == flat_call.n_args and tuple(kwargs) == flat_call.names:
             # each argument one leaf, keywords in the captured order: no flatten; a
             # container where a leaf was captured fails the leaf checks
             leaves = (*args, *kwargs.values())

@@ -1,8 +1,8 @@
-"""What a wrapper shows besides calls: tensordict's wrapper's attributes, the module's
-state dict, ``repr``, copying and pickling.
+"""What a wrapper shows besides calls: its state, counters, graphs and pool, ``explain()``,
+tensordict's wrapper's attributes, the module's state dict, ``repr``, copying and pickling.
 
 :class:`WrapperSurface` is the base of :class:`~graphmodule.CudaGraphModule`; it reads the
-wrapper's counters and entries and never changes them.
+wrapper's counters and graphs and never changes them.
 """
 
 from __future__ import annotations
@@ -11,10 +11,75 @@ import copy
 import warnings
 from typing import Any
 
+import torch
+
+from ._errors import GraphStateError
+from ._explain import describe_graphs
+from ._options import State
+from ._stats import GraphStats
+
 __all__ = ["WrapperSurface"]
 
 
 class WrapperSurface:
+    # -- what the wrapper shows of its state and graphs -------------------------------
+    @property
+    def state(self) -> State:
+        """The current :class:`State` (compares equal to ``"warmup"``, ``"captured"``...)."""
+        return self._state
+
+    @property
+    def stats(self) -> GraphStats:
+        """A snapshot of the counters (see :class:`GraphStats`)."""
+        entries = self._graphs.entries
+        stats = self._stats.copy()
+        stats.graphs = len(entries)
+        stats.graph_bytes = tuple(entry.capture_bytes for entry in entries)
+        stats.pool_bytes = self._runner.pool_bytes() if entries else 0
+        return stats
+
+    @property
+    def pool(self) -> Any:
+        """The memory pool of this wrapper's graphs (pass it as ``pool=`` to share it)."""
+        return self._runner.pool_handle()
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        """The most recently used captured ``torch.cuda.CUDAGraph``, if any."""
+        entries = self._graphs.entries
+        return self._runner.cuda_graph(entries[0].handle) if entries else None
+
+    def debug_dump(self, path: str) -> list[str]:
+        """Write each held graph's structure as Graphviz (``torch.cuda.CUDAGraph.debug_dump``).
+
+        Needs ``debug=True`` and the CUDA backend. One graph goes to ``path``; with several
+        (``max_graphs``), graph ``n`` (most recently used first) goes to ``path`` with
+        ``.n`` before its suffix. Returns the paths written. Graphs captured with
+        ``debug=True`` keep their structure, so they can be dumped again.
+
+        Example (on a GPU)::
+
+            g = CudaGraphModule(net, debug=True)
+            ...  # warm up and capture
+            g.debug_dump("policy.dot")  # then: dot -Tsvg policy.dot -o policy.svg
+        """
+        if not self._graphs.entries:
+            raise GraphStateError(f"{self._owner} holds no graph yet (state {self._state.value}): "
+                                  "call it until it has captured, then dump.")
+        if not self.options.debug:
+            raise GraphStateError(f"{self._owner} was built without debug=True, so its graphs keep no "
+                                  "structure to dump: build it with CudaGraphModule(..., debug=True).")
+        return self._graphs.debug_dump(path)
+
+    def explain(self) -> str:
+        """The state and, once captured, each graph's input signature and where its results
+        come from."""
+        lines = [f"{self._owner}: state {self._state.value}, {self.stats}"]
+        lines += describe_graphs(self._graphs.entries, self._eager_spec, self._arg_names)
+        if self._failure is not None:
+            lines.append(f"capture failed: {self._failure}")
+        return "\n".join(lines)
+
     # -- what code written for tensordict's wrapper reads ------------------------------
     @property
     def counter(self) -> int:
@@ -31,16 +96,18 @@ class WrapperSurface:
     @property
     def _out_matches_in(self) -> bool | None:
         """Whether the TensorDict module returns its input TensorDict (None before a call)."""
-        if self._entries:
-            return self._entries[0].returns_input_td
-        return self._returned_input
+        entries = self._graphs.entries
+        if entries:
+            return entries[0].returns_input_td
+        return self._graphs.returned_input
 
     @property
     def _selected_keys(self) -> list | None:
         """The keys a replay writes into the caller's TensorDict."""
         if self.out_keys:
             return list(self.out_keys)
-        return self._entries[0].written_keys() if self._entries else None
+        entries = self._graphs.entries
+        return entries[0].written_keys() if entries else None
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict:
         """The wrapped module's ``state_dict`` (``{}`` if it has none)."""

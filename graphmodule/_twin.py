@@ -28,7 +28,8 @@ from typing import Any, Callable
 import torch
 
 from ._inputs import _byte_view, _extent, resolve, storage_base
-from ._outputs import collect_call, dense
+from ._effects import collect_call
+from ._outputs import dense
 
 __all__ = ["CopyOut"]
 
@@ -90,7 +91,7 @@ class CopyOut:
         self.like = graph
         self.out_recipe, self.ops = like.out_recipe, like.effects.ops
         # the containers the function stores results into, as handed to it (before it moves any)
-        self.targets = [resolve(op[1], materialized.tree, materialized.slot_objs) for op in self.ops]
+        self.targets = [resolve(op.target, materialized.tree, materialized.slot_objs) for op in self.ops]
         self.buffers: list[Tensor | None] = [None] * len(graph)
         self.singles: list[int] = []
         self.groups: list[_Group] = []

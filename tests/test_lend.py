@@ -11,8 +11,10 @@ import torch
 from tensordict import TensorDict
 
 from graphmodule import CudaGraphModule
+import graphmodule._graphs as graphs
 import graphmodule._lend as lend
 from graphmodule._lend import available
+from graphmodule._outputsets import OUTPUT_SETS
 
 
 
@@ -21,11 +23,25 @@ def test_lending_works_on_every_supported_torch():
     once needed: "safe" then silently cloned there, and these tests were all skipped."""
     assert available()
     g = _captured(f, torch.zeros(4))
-    assert _entry(g).plan.lender is not None
+    assert _outputs(g).startswith("outputs: LENDING")
 
 
-def _entry(g):
-    return g._entries[0]
+def _outputs(g, n=0):
+    """What ``explain()`` says of the outputs of graph ``n`` (most recently used first)."""
+    return [line.strip() for line in g.explain().splitlines() if line.strip().startswith("outputs:")][n]
+
+
+def _addresses(g, xs):
+    """The data pointer of each call's result, each result dropped before the next call while
+    memory of its size stays taken: results copied per call each get new memory."""
+    taken, addresses = [], []
+    for x in xs:
+        out = g(x)
+        addresses.append(out.data_ptr())
+        torch.testing.assert_close(out, g.module(x))
+        del out
+        taken.append(torch.empty_like(x))
+    return addresses
 
 
 def _captured(fn, *args, backend="simulate", **options):
@@ -43,15 +59,18 @@ def f(x):
 
 def test_a_dropped_result_is_not_copied(graph_backend):
     g = _captured(f, torch.zeros(4), backend=graph_backend)
-    lender = _entry(g).plan.lender
-    buffer = _entry(g).plan.graph[0]
-    for i in range(5):
-        out = g(torch.full((4,), float(i)))
-        assert out.data_ptr() == buffer.data_ptr()  # zero-copy: the graph's own memory
-        torch.testing.assert_close(out, f(torch.full((4,), float(i))))
-        del out
+    device = "cuda" if graph_backend == "cuda" else "cpu"
+    addresses = _addresses(g, [torch.full((4,), float(i), device=device) for i in range(5)])
+    assert len(set(addresses)) == 1  # zero-copy: the graph's own memory, each time
     assert g.stats.twin_captures == 0 and g.stats.copy_recaptures == 0
-    assert _entry(g).plan.lender is lender
+    assert _outputs(g).startswith("outputs: LENDING")
+
+
+def test_clone_outputs_are_copied_at_each_call(graph_backend):
+    g = _captured(f, torch.zeros(4), backend=graph_backend, outputs="clone")
+    device = "cuda" if graph_backend == "cuda" else "cpu"
+    addresses = _addresses(g, [torch.full((4,), float(i), device=device) for i in range(5)])
+    assert len(set(addresses)) == 5  # (the test above can tell copies)
 
 
 def test_a_lone_result_without_elements_is_returned_as_eagerly(graph_backend):
@@ -77,8 +96,8 @@ def test_a_kept_result_keeps_its_value(graph_backend):
     kept = [g(x) for x in xs]  # lent by each output set, then copies from a graph captured anew
     for x, out in zip(xs, kept):
         torch.testing.assert_close(out, f(x))
-    assert g.stats.twin_captures == lend.OUTPUT_SETS - 1 and g.stats.copy_recaptures == 1
-    assert _entry(g).plan.lender is None  # the graph returning copies replaced the lending two
+    assert g.stats.twin_captures == OUTPUT_SETS - 1 and g.stats.copy_recaptures == 1
+    assert _outputs(g).startswith("outputs: COPYING")  # the graph returning copies replaced the lending ones
     assert len({t.data_ptr() for t in kept}) == len(kept)
 
 
@@ -109,22 +128,22 @@ def test_a_second_signature_lends_from_buffers_outside_the_shared_pool(graph_bac
     returns copies from the shared pool, and its next call captures it again, in the same
     pool, copying its results into buffers outside it, which it lends."""
     g = _captured(f, torch.zeros(4), backend=graph_backend, max_graphs=2)
-    x = torch.ones(3, device=_entry(g).plan.graph[0].device)
+    x = torch.ones(3, device="cuda" if graph_backend == "cuda" else "cpu")
     g(x)  # warmup of the second signature
     first = g(x)  # its capture: copies
     assert g.stats.captures == 2 and g.stats.lending_captures == 0
-    assert first.data_ptr() != _entry(g).plan.graph[0].data_ptr()
+    assert _outputs(g).startswith("outputs: LEND_LATER")
     second = g(x * 2)  # captured again, lending
     assert g.stats.lending_captures == 1 and g.stats.graphs == 2 and g.stats.twin_captures == 0
-    lending = _entry(g)
-    assert lending.plan.lender is not None and second.data_ptr() == lending.plan.graph[0].data_ptr()
-    if graph_backend == "simulate":
-        assert lending.handle.alone is False
-    else:
-        assert getattr(lending.handle, "_graphmodule_pool", None) == g._runner.pool  # the shared pool
+    assert _outputs(g).startswith("outputs: LENDING")
+    if graph_backend == "cuda":
+        assert g.graph.pool() == getattr(g.pool, "id", g.pool)  # the shared pool
+    lent = second.data_ptr()
     del second
+    taken = torch.empty_like(x)  # (memory of a copy's size stays taken)
     third = g(x * 3)  # nothing held: the same buffers again, no copy, no capture
-    assert third.data_ptr() == lending.plan.graph[0].data_ptr() and g.stats.lending_captures == 1
+    assert third.data_ptr() == lent and g.stats.lending_captures == 1
+    del taken
     fourth = g(x * 4)  # `third` held: a twin beside the lending graph
     assert g.stats.twin_captures == 1
     for value, out in ((1, first), (3, third), (4, fourth)):
@@ -138,12 +157,12 @@ def test_a_failed_lending_capture_leaves_the_copies(monkeypatch):
     g(x)
     g(x)
 
-    def refuse(*args, **kwargs):
+    def refuse(**kwargs):
         raise ValueError("no lending capture")
 
-    monkeypatch.setattr(g, "_record_again", refuse)
+    monkeypatch.setattr(graphs, "record", refuse)  # every capture from here on fails
     kept = [g(x * i) for i in range(4)]
-    assert g.stats.lending_captures == 0 and g.stats.graphs == 2 and _entry(g).plan.lender is None
+    assert g.stats.lending_captures == 0 and g.stats.graphs == 2 and _outputs(g).startswith("outputs: COPYING")
     for i, out in enumerate(kept):
         torch.testing.assert_close(out, f(x * i))
 
@@ -236,9 +255,9 @@ def test_inference_mode_results_are_inference_tensors_as_eagerly(graph_backend):
 
 def test_clone_outputs_copy_every_result(graph_backend):
     g = _captured(f, torch.zeros(4), backend=graph_backend, outputs="clone")
-    assert _entry(g).plan.lender is None
-    out = g(torch.ones(4))
-    assert out.data_ptr() != _entry(g).plan.graph[0].data_ptr()
+    assert _outputs(g).startswith("outputs: COPYING")
+    kept = [g(torch.ones(4)) for _ in range(4)]  # no twins: copies
+    assert len({t.data_ptr() for t in kept}) == 4 and g.stats.twin_captures == 0
 
 
 def test_a_tensordict_module_keeps_every_step_of_a_rollout(graph_backend):
@@ -270,10 +289,9 @@ def test_results_outlive_a_deleted_wrapper(graph_backend):
 
     g = _captured(f, torch.zeros(4), backend=graph_backend)
     out = g(torch.ones(4))
-    graph_memory = _entry(g).plan.graph[0].data_ptr()
+    assert _outputs(g).startswith("outputs: LENDING")  # `out` is the graph's memory, lent
     del g
     gc.collect()
-    assert out.data_ptr() == graph_memory  # the graph's memory, kept alive by the result
     junk = [torch.full((4,), -5.0) for _ in range(100)]  # memory the allocator may hand out again
     torch.testing.assert_close(out, f(torch.ones(4)))
     del junk
@@ -313,7 +331,7 @@ def test_results_outlive_a_reset_and_a_new_capture(graph_backend):
 
 
 def test_stats_count_the_twins_and_the_copying_capture(graph_backend):
-    assert lend.OUTPUT_SETS == 3
+    assert OUTPUT_SETS == 3
     g = _captured(f, torch.zeros(4), backend=graph_backend)
     g(torch.ones(4))  # dropped
     g(torch.ones(4))
@@ -336,19 +354,20 @@ def test_stats_count_the_twins_and_the_copying_capture(graph_backend):
 
 def test_calls_run_eagerly_where_no_copying_graph_can_be_captured(graph_backend, monkeypatch):
     g = _captured(f, torch.zeros(4), backend=graph_backend)
-    record_again = g._record_again
+    record = graphs.record
 
-    def failing(entry, leaves, objs, lend, **kwargs):
-        if not lend:
+    def failing(**kwargs):
+        if not kwargs["lend"]:
             raise RuntimeError("no memory for a copying graph")
-        return record_again(entry, leaves, objs, lend, **kwargs)
+        return record(**kwargs)
 
-    monkeypatch.setattr(g, "_record_again", failing)
+    monkeypatch.setattr(graphs, "record", failing)  # captures from here on: twins, the copying one
     xs = [torch.full((4,), float(i)) for i in range(6)]
     kept = [g(x) for x in xs]  # three sets lent, then eager calls (their own results)
     for x, out in zip(xs, kept):
         torch.testing.assert_close(out, f(x))
     assert g.stats.twin_captures == 2 and g.stats.copy_recaptures == 0 and g.stats.eager_calls == 3
+    assert _outputs(g).startswith("outputs: EAGER_WHILE_HELD, 3 sets")
     del kept
     replays = g.stats.replays
     torch.testing.assert_close(g(torch.ones(4)), f(torch.ones(4)))  # nothing held: a replay again
@@ -368,12 +387,11 @@ def test_a_result_held_past_the_loop_and_the_loop_variable_need_no_copies(graph_
         torch.testing.assert_close(last_round, f(torch.full((4,), 9.0))) if last_round is not None else None
         last_round = out
     assert g.stats.copy_recaptures == 0 and g.stats.twin_captures == 2
-    assert _entry(g).plan.lender is not None
+    assert _outputs(g).startswith("outputs: FULL, 3 sets")
 
 
 def test_a_loop_variable_alternates_between_the_twins_without_copies(graph_backend):
     g = _captured(f, torch.zeros(4), backend=graph_backend)
-    entry = _entry(g)
     memories = set()
     out = None
     for i in range(20):
@@ -381,7 +399,7 @@ def test_a_loop_variable_alternates_between_the_twins_without_copies(graph_backe
         memories.add(out.data_ptr())
         torch.testing.assert_close(out, f(torch.full((4,), float(i))))
     assert g.stats.twin_captures == 1 and g.stats.copy_recaptures == 0
-    assert memories == {entry.plan.graph[0].data_ptr(), entry.others[0].plan.graph[0].data_ptr()}
+    assert len(memories) == 2 and _outputs(g).startswith("outputs: TWINS, 2 sets")  # the two sets' memory
 
 
 @pytest.mark.parametrize("held", ["one result", "results of every set and a copy", "a deleted wrapper's"])
@@ -436,7 +454,8 @@ def test_a_function_that_rebinds_what_it_reads_keeps_one_graph(graph_backend):
         out = g(x)  # held during the next call: a twin is tried
         torch.testing.assert_close(out, eager(x))
         torch.testing.assert_close(state["scale"], eager_state["scale"])
-    assert g.stats.twin_captures == 1 and g._entries[0].others == [] and g.stats.copy_recaptures == 1
+    assert g.stats.twin_captures == 1 and g.stats.copy_recaptures == 1 and g.stats.graphs == 1
+    assert _outputs(g).startswith("outputs: COPYING")
 
 
 # -- twins: captured beside the first graph, their results copied into buffers of their own --
@@ -488,9 +507,7 @@ def test_a_twin_is_captured_beside_the_first_graph_and_costs_its_outputs():
     b = g(torch.full((4,), 2.0))  # `a` held: a twin
     assert g.stats.twin_captures == 1
     assert g.stats.twin_bytes == 4 * 4  # its output buffer, nothing else (no pool on the CPU)
-    twin = _entry(g).others[0]
-    assert twin.handle.alone is False  # captured where the shared pool's graphs are
-    assert b.data_ptr() == twin.plan.graph[0].data_ptr() != a.data_ptr()
+    assert b.data_ptr() != a.data_ptr() and _outputs(g).startswith("outputs: TWINS, 2 sets")
     torch.testing.assert_close(a, f(torch.ones(4)))
     torch.testing.assert_close(b, f(torch.full((4,), 2.0)))
 

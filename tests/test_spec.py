@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from graphmodule import InputMismatchError, Mismatch, RequiresGradError
+from graphmodule._spec import FlatCall
 
 
 def _captured(make, fn, *args, **kwargs):
@@ -181,7 +182,7 @@ class TestFlatCallReader:
     def test_policy_called_by_keyword_takes_the_fast_path(self):
         obs = torch.zeros(4, 3)
         spec = self._spec((), {"obs": obs})
-        assert spec.flat_call == (0, ("obs",))
+        assert spec.flat_call == FlatCall(0, ("obs",))
         leaves, _ = spec.match((), {"obs": torch.ones(4, 3)})
         assert leaves[0].shape == (4, 3)
 
@@ -209,7 +210,7 @@ class TestFlatCallReader:
     ])
     def test_positional_and_keywords_with_a_constant(self, call):
         spec = self._spec((torch.zeros(2),), {"a": torch.zeros(3), "n": 5})
-        assert spec.flat_call == (1, ("a", "n"))
+        assert spec.flat_call == FlatCall(1, ("a", "n"))
         assert (spec.match(*call) is not None) == self._slow(spec, *call)
 
     def test_containers_and_none_keep_the_flattening_reader(self):

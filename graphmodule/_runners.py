@@ -1,6 +1,8 @@
-"""Everything that touches CUDA graphs: the warmup stream, capture, replay, cleanup.
+"""Runners: everything that touches CUDA graphs, streams and pools: the warmup stream,
+capture, replay, cleanup, memory accounting.
 
-Three runners share one small protocol, so that the wrapper never asks which one it has:
+Three runners share one protocol (:class:`Runner`), so that the wrapper never asks which
+one it has:
 
 - ``CudaRunner``: real CUDA graphs, all captured into one memory pool.
 - ``SimulatedRunner``: the same protocol on any device; a "replay" re-runs the
@@ -8,9 +10,9 @@ Three runners share one small protocol, so that the wrapper never asks which one
   that buffer handling can be tested on a CPU machine.
 - ``EagerRunner``: no graph; the function runs at every call (the CPU fallback).
 
-``capture(body, owner)`` returns ``(handle, out)``: a handle to replay, and what
+``capture(body, owner)`` returns a :class:`CaptureResult`: a handle to replay, what
 ``body`` returned, as it stands after one execution (a CUDA capture records without
-running, so the CUDA runner replays once before returning).
+running, so the CUDA runner replays once before returning), and what the capture cost.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 
@@ -28,7 +30,8 @@ from ._diagnose import diagnose
 from ._errors import GraphStateError
 from ._paths import user_stacklevel
 
-__all__ = ["CAPTURE_ERROR_MODES", "CudaRunner", "EagerRunner", "Runner", "SimulatedRunner", "capturing", "make_runner"]
+__all__ = ["CAPTURE_ERROR_MODES", "CaptureResult", "CudaRunner", "EagerRunner", "Runner", "SimulatedRunner",
+           "capturing", "make_runner"]
 
 CAPTURE_ERROR_MODES = ("thread_local", "global", "relaxed")
 
@@ -72,28 +75,61 @@ def _leave() -> None:
         _DEPTH[0] -= 1
 
 
+class CaptureResult(NamedTuple):
+    """What a capture made."""
+
+    handle: Any  # what replay() and release() take
+    out: Any  # what the body returned, as it stands after one execution
+    bytes: int  # device memory the capture added (segments a shared pool already had: not counted)
+    seconds: float  # wall time of the capture
+
+
 class Runner(Protocol):
-    captures: bool
-    device: torch.device | None
-    capture_seconds: float
-    capture_bytes: int
+    """What the wrapper asks of a runner; each runner answers every part."""
 
-    def run_eager(self, body: Callable[[], Any]) -> Any: ...
+    captures: bool  # whether it captures graphs (False: every call runs eagerly)
+    device: torch.device | None  # the CUDA device of its graphs (None without CUDA)
 
-    def debug_dump(self, handle: Any, path: str, owner: str) -> None: ...
+    def run_eager(self, body: Callable[[], Any]) -> Any:
+        """``body()`` where warmup calls run (CUDA: on the side stream, ordered with the caller's)."""
 
-    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> tuple[Any, Any]: ...
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> CaptureResult:
+        """Capture ``body``; ``alone``: in memory no other graph writes; ``beside``: a graph
+        whose pool this one shares. Raises :class:`~graphmodule.CaptureError`."""
 
-    def replay(self, handle: Any) -> None: ...
+    def replay(self, handle: Any) -> None:
+        """Replay a captured graph on the caller's stream."""
 
-    def replay_call(self, handle: Any) -> tuple[Callable[..., None], Any]: ...
+    def release(self, handle: Any) -> None:
+        """Free a graph (its memory goes back to the pool)."""
 
-    def release(self, handle: Any) -> None: ...
+    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
+        """What a replay of ``handle`` runs where a replay re-runs the function (simulated
+        graphs); a runner with real graphs ignores it."""
+
+    def on_capture_stream(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` with the stream the graphs were captured on current (a layer's
+        autograd node is made there, see ``_grad``)."""
+
+    def new_caller(self) -> None:
+        """Another thread calls: order its stream after the last caller's, whose replay and
+        copies may still be running when this call writes the same buffers."""
 
     def pool_in_use(self) -> bool:
         """Whether the shared pool holds a graph: a graph captured into it now may find
         its memory where an earlier graph keeps its temporaries (see ``capture``)."""
-        ...
+
+    def pool_bytes(self) -> int:
+        """Device memory in the runner's pool."""
+
+    def pool_handle(self) -> Any:
+        """What another wrapper's ``pool=`` takes to share this runner's pool (None: none)."""
+
+    def cuda_graph(self, handle: Any) -> torch.cuda.CUDAGraph | None:
+        """The ``torch.cuda.CUDAGraph`` behind ``handle``, if there is one."""
+
+    def debug_dump(self, handle: Any, path: str, owner: str) -> None:
+        """Write the graph's structure (Graphviz) to ``path``."""
 
 
 class EagerRunner:
@@ -101,17 +137,40 @@ class EagerRunner:
 
     captures = False
     device = None
-    capture_seconds = 0.0
-    capture_bytes = 0
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
         return body()
 
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> CaptureResult:
+        raise GraphStateError(f"{owner} runs every call eagerly (backend {type(self).__name__}): it captures "
+                              "no graph.")  # (the wrapper never asks: captures is False)
+
+    def replay(self, handle: Any) -> None:
+        raise GraphStateError("an eager runner holds no graph to replay.")
+
     def release(self, handle: Any) -> None:
+        pass
+
+    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
+        pass
+
+    def on_capture_stream(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+    def new_caller(self) -> None:
         pass
 
     def pool_in_use(self) -> bool:
         return False
+
+    def pool_bytes(self) -> int:
+        return 0
+
+    def pool_handle(self) -> Any:
+        return None
+
+    def cuda_graph(self, handle: Any) -> None:
+        return None
 
     def debug_dump(self, handle: Any, path: str, owner: str) -> None:
         raise GraphStateError(f"{owner} records no CUDA graph (backend {type(self).__name__}): "
@@ -137,7 +196,8 @@ class SimulatedRunner(EagerRunner):
     def __init__(self) -> None:
         self._shared: weakref.WeakSet = weakref.WeakSet()  # live handles a real graph would have in the pool
 
-    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> tuple[Any, Any]:
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False,
+                beside: SimulatedHandle | None = None) -> CaptureResult:
         start = time.perf_counter()
         _enter()
         try:
@@ -146,21 +206,19 @@ class SimulatedRunner(EagerRunner):
             raise diagnose(owner, exc) from exc
         finally:
             _leave()
-        self.capture_seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
         # as CudaRunner: alone only while the pool holds a graph; a twin shares its first's pool
         own = bool(alone) and beside is None and self.pool_in_use()
         handle = SimulatedHandle(own)
-        if not own and (beside is None or not getattr(beside, "alone", False)):
+        if not own and (beside is None or not beside.alone):
             self._shared.add(handle)
-        return handle, out
+        return CaptureResult(handle, out, 0, seconds)
 
     def replay(self, handle: SimulatedHandle) -> None:
         handle.refresh()
 
-    def replay_call(self, handle: SimulatedHandle) -> tuple[Callable[..., None], Any]:
-        """``(fn, arg)``: ``fn(arg)`` replays (``fn()`` where ``arg`` is None), for the
-        compiled hot path, which calls it when no other thread captures."""
-        return self.replay, handle
+    def bind_rerun(self, handle: SimulatedHandle, rerun: Callable[[], None]) -> None:
+        handle.refresh = rerun
 
     def release(self, handle: Any) -> None:
         self._shared.discard(handle)
@@ -183,10 +241,9 @@ class CudaRunner:
         # and lazy initialisation (cuBLAS handles, autotuning) happen off the
         # legacy stream, as capture requires.
         self.stream = torch.cuda.Stream(device)
+        self._last_stream: Any = None  # the stream of the thread that called last
         self._given_pool = pool
         self._new_pool()
-        self.capture_seconds = 0.0
-        self.capture_bytes = 0
 
     def _new_pool(self) -> None:
         """The memory pool every graph of this runner captures into.
@@ -226,6 +283,29 @@ class CudaRunner:
         pool = tuple(self.pool)
         return sum(s.get("total_size", 0) for s in segments if tuple(s.get("segment_pool_id", ())) == pool)
 
+    def pool_handle(self) -> Any:
+        return self.mempool or self.pool
+
+    def new_caller(self) -> None:
+        stream = torch.cuda.current_stream(self.device)
+        if self._last_stream is not None and self._last_stream != stream:
+            stream.wait_stream(self._last_stream)
+        self._last_stream = stream
+
+    def on_capture_stream(self, fn: Callable[..., Any], *args: Any) -> Any:
+        caller = torch.cuda.current_stream(self.device)
+        torch.cuda.set_stream(self.stream)
+        try:
+            return fn(*args)
+        finally:
+            torch.cuda.set_stream(caller)
+
+    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
+        pass  # a replay runs the captured kernels
+
+    def cuda_graph(self, handle: Any) -> torch.cuda.CUDAGraph | None:
+        return handle if isinstance(handle, torch.cuda.CUDAGraph) else None  # (not an _EmptyGraph)
+
     def run_eager(self, body: Callable[[], Any]) -> Any:
         # warmup calls may draw random numbers: not while another thread captures
         with _CAPTURE_LOCK, torch.cuda.device(self.device):
@@ -236,7 +316,7 @@ class CudaRunner:
             caller.wait_stream(self.stream)
         return out
 
-    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> tuple[Any, Any]:
+    def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> CaptureResult:
         """Capture ``body``; ``alone``: in memory no other graph writes (lent outputs);
         ``beside``: a graph whose pool this one shares (a twin copying its results out, see
         ``_twin``: the shared pool, or the pool of its own the first graph has).
@@ -255,7 +335,7 @@ class CudaRunner:
             finally:
                 _ACTIVE[0] -= 1
 
-    def _capture(self, body: Callable[[], Any], owner: str, alone: bool, beside: Any = None) -> tuple[Any, Any]:
+    def _capture(self, body: Callable[[], Any], owner: str, alone: bool, beside: Any = None) -> CaptureResult:
         start = time.perf_counter()
         self._check_pool(owner)
         # beside a graph captured alone: in its pool, whose temporaries' memory this reuses
@@ -340,12 +420,11 @@ class CudaRunner:
                 graph.replay()
                 # what this capture added to the memory held (segments a shared pool already
                 # had are not counted again)
-                self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
+                nbytes = torch.cuda.memory_reserved(self.device) - reserved
             finally:
                 if gc_was_enabled:
                     gc.enable()
-        self.capture_seconds = time.perf_counter() - start
-        return graph, out
+        return CaptureResult(graph, out, nbytes, time.perf_counter() - start)
 
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:
         # cudaGraphLaunch on the current stream: no host synchronisation.
@@ -354,11 +433,6 @@ class CudaRunner:
                 graph.replay()
             return
         graph.replay()
-
-    def replay_call(self, graph: torch.cuda.CUDAGraph) -> tuple[Callable[[], None], None]:
-        """``(fn, None)``: ``fn()`` replays when no other thread captures (the compiled hot
-        path checks that first)."""
-        return graph.replay, None
 
     def debug_dump(self, graph: Any, path: str, owner: str) -> None:
         # torch announces each dump with "DEBUG: ..." warnings; the caller asked for it
