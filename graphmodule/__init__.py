@@ -17,7 +17,7 @@ Modules, one concept each:
 - ``_outputs``: how the graph's buffers become the call's result.
 - ``_stale``: what the graph reads from outside its inputs, checked each call.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
-- ``_mode``: grad mode, train/eval, interaction type: part of the signature.
+- ``_mode``: grad mode, train/eval, interaction type, autocast: part of the signature.
 - ``_capture``: the only module that touches CUDA graphs (and its CPU stand-ins).
 - ``_diagnose``: the likely cause of a failed capture.
 - ``_dispatch``: TensorDict keys, calling conventions, keyword order.

@@ -47,7 +47,7 @@ class Mismatch:
     ``kind`` is one of ``"structure"``, ``"order"``, ``"missing"``, ``"extra"``,
     ``"type"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"layout"``,
     ``"requires_grad"``, ``"value"``, ``"batch_size"``, ``"alias"``, ``"stride"``,
-    ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"hook"`` (a module backward hook
+    ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"autocast"``, ``"hook"`` (a module backward hook
     on a graph captured as a layer) or ``"unread"`` (a nested TensorDict the module does
     not read but writes into, or would merge into).
     """
@@ -101,6 +101,9 @@ _ADVICE = {
     "grad_mode": "the graph was captured under another grad mode, which decides whether its "
     "outputs track gradients: call it the same way (e.g. always under torch.no_grad()), or pass "
     "max_graphs=2 to keep one graph per mode.",
+    "autocast": "autocast decides each op's dtype when the graph is captured, so the graph replays the "
+    "dtypes it captured: call it under the captured autocast state (the same torch.autocast(...) around "
+    "every call), or pass max_graphs=2 to keep one graph per state.",
     "interaction_type": "the graph replays the sampling branch it captured: call it under the "
     "captured interaction/exploration type, or pass max_graphs=2 to keep one graph per type.",
     "order": "the graph replays the order it captured (a function iterating a dict or "

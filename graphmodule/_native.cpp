@@ -11,6 +11,7 @@
 
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <ATen/autocast_mode.h>
 #include <pythread.h>
 
 #include <vector>
@@ -83,6 +84,8 @@ int equal(PyObject* a, PyObject* b) { return a == b ? 1 : PyObject_RichCompareBo
 // Whether the call's mode is the graph's (ModeReader.read() == entry.mode, as the Python path).
 int modes_ok(Hot& h) {
   if (at::GradMode::is_enabled() != h.grad) return 0;
+  // the graphs served here were captured with autocast off (_native._mirror)
+  if (at::autocast::is_autocast_enabled(at::kCUDA) || at::autocast::is_autocast_enabled(at::kCPU)) return 0;
   PyObject* now = PyObject_CallNoArgs(h.interaction_fn.ptr());
   if (now == nullptr) return -1;
   int same = equal(now, h.interaction.ptr());

@@ -42,7 +42,7 @@ import torch
 
 from . import _capture, _stale
 from ._lend import Lender, _use_count
-from ._mode import _interaction_type
+from ._mode import Mode, _interaction_type
 from ._options import State
 
 __all__ = ["arm", "enable_native", "native_enabled"]
@@ -172,7 +172,9 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
         containers, keys, objects = watch._u_containers, watch._u_keys, watch._u_objects
     if not all(type(c) is types.CellType for c in watch._cells):
         return None
-    grad, interaction, modes = entry.mode
+    grad, interaction, modes, autocast = Mode(*entry.mode)
+    if autocast is not None:  # (the compiled path declines calls under autocast)
+        return None
     state = {
         "n": n, "n_pos": n_pos, "kwnames": kwnames, "thread": wrapper._thread, "grad": grad,
         "acquire": wrapper._lock.acquire, "release": wrapper._lock.release, "stats": wrapper._stats,

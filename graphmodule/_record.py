@@ -25,7 +25,7 @@ from ._entry import Entry, rerun_body
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
 from ._inputs import Materialized, StaticInputs
-from ._mode import ModeReader
+from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._paths import describe, leaf_texts
 from ._spec import InputSpec
@@ -128,6 +128,7 @@ def record(
     """
     spec = InputSpec(layout, leaves, mode)
     before = Watch(module)  # what exists before the capture: parameters, state...
+    check_capture(owner, mode, [*before.tensors(), *zip(texts, leaves)])
     inputs = StaticInputs(layout, leaves)
     grad = torch.is_grad_enabled()
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []

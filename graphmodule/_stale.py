@@ -248,6 +248,10 @@ class Watch:
             if isinstance(value, (torch.Tensor, TensorDictBase)):
                 self._bind(td._tensordict, name, value, f"{label}[{name!r}]", depth)
 
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """``(place, tensor)`` of every tensor found (a parameter also under its optimizer)."""
+        return list(zip(self._t[3], self._tensors))
+
     # -- the per-call check ----------------------------------------------------------------
     def check(self) -> bool:
         """Whether everything found at capture is still what the graph reads. Cheap: one

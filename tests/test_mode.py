@@ -1,5 +1,6 @@
-"""Modes a graph bakes in (grad mode, train/eval, interaction type), and graphs per signature."""
+"""Modes a graph bakes in (grad mode, train/eval, interaction type, autocast), and graphs per signature."""
 
+import contextlib
 import threading
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from tensordict.nn import InteractionType, set_interaction_type
 from torch import nn
 
-from graphmodule import CudaGraphModule, InputMismatchError
+from graphmodule import CudaGraphModule, InputMismatchError, UnsupportedError
 from graphmodule import _dictwatch
 from graphmodule._mode import ModeReader
 
@@ -174,3 +175,101 @@ class TestThreads:
         for t in threads:
             t.join()
         assert errors == []
+
+
+def _autocast(cache_enabled=True):
+    """torch.autocast on the device tensors land on (CUDA under graph_backend="cuda")."""
+    device = torch.get_default_device().type
+    dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    return torch.autocast(device, dtype=dtype, cache_enabled=cache_enabled)
+
+
+def _autocast_text(cache_enabled):
+    device = torch.get_default_device().type
+    dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    return f"torch.autocast({device!r}, dtype={dtype}, cache_enabled={cache_enabled})"
+
+
+class TestAutocast:
+    """torch.autocast decides each op's dtype when the op is recorded: part of the mode."""
+
+    def _captured(self, fn, backend, autocast=None, **options):
+        g = CudaGraphModule(fn, warmup=1, backend=backend, **options)
+        with torch.no_grad(), (autocast if autocast is not None else contextlib.nullcontext()):
+            for _ in range(3):
+                g(X)
+        return g
+
+    def test_called_under_autocast_after_a_capture_without(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = self._captured(net, graph_backend)
+        with torch.no_grad(), _autocast(cache_enabled=False), pytest.raises(InputMismatchError) as info:
+            g(X)
+        assert str(info.value) == (
+            "CudaGraphModule(Linear) was captured with other inputs than this call's (1 mismatch):\n"
+            f"  torch.autocast: expected autocast off, got {_autocast_text(False)}\n"
+            "To fix: autocast decides each op's dtype when the graph is captured, so the graph replays the "
+            "dtypes it captured: call it under the captured autocast state (the same torch.autocast(...) "
+            "around every call), or pass max_graphs=2 to keep one graph per state."
+        )
+
+    def test_called_without_autocast_after_a_capture_under_it(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = self._captured(net, graph_backend, _autocast(cache_enabled=False))
+        with torch.no_grad(), pytest.raises(InputMismatchError) as info:
+            g(X)
+        assert [m.describe() for m in info.value.mismatches] == [
+            f"torch.autocast: expected autocast {_autocast_text(False)}, got off"
+        ]
+
+    def test_one_graph_per_autocast_state_with_max_graphs(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend, max_graphs=2)
+        with torch.no_grad():
+            for step in range(8):
+                autocast = _autocast(cache_enabled=False) if step % 4 < 2 else contextlib.nullcontext()
+                x = torch.full((2, 3), float(step))
+                with autocast:
+                    out, expected = g(x), net(x)
+                assert out.dtype == expected.dtype
+                torch.testing.assert_close(out, expected)
+        assert g.stats.captures == 2 and g.stats.graphs == 2
+
+    def test_the_cast_cache_on_is_refused_at_capture(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.no_grad(), _autocast(cache_enabled=True):
+            g(X)
+            with pytest.raises(UnsupportedError) as info:
+                g(X)
+        assert str(info.value) == (
+            "CudaGraphModule(Linear) cannot replay this call as a CUDA graph: expected autocast's cast cache "
+            f"off around a captured call, got {_autocast_text(True)} at module.weight: autocast casts "
+            "module.weight at its first use in the autocast region and reuses that cast until the region ends, "
+            "even after it changes, while a replay casts it at every call.\n"
+            "To fix: pass cache_enabled=False to torch.autocast (as torch.cuda.make_graphed_callables requires), "
+            "or enter torch.autocast inside the wrapped function."
+        )
+        with torch.no_grad(), _autocast(cache_enabled=False):  # left as if the call had not been made
+            torch.testing.assert_close(g(X), net(X))
+        assert g.stats.captures == 1
+
+    def test_the_cast_cache_is_harmless_where_it_holds_nothing_the_graph_reads(self, graph_backend):
+        w = torch.randn(3, 3)  # not a leaf that requires grad: autocast does not cache its cast
+        g = self._captured(lambda x: x @ w, graph_backend, _autocast(cache_enabled=True))
+        with torch.no_grad(), _autocast(cache_enabled=True):
+            out = g(X)
+            assert out.dtype == (X @ w).dtype and torch.equal(out, X @ w)
+        assert g.stats.captures == 1
+
+    def test_autocast_inside_the_function_is_captured(self, graph_backend):
+        net = nn.Linear(3, 3)
+
+        def fn(x):
+            with _autocast(cache_enabled=True):
+                return net(x)
+
+        g = self._captured(fn, graph_backend)
+        with torch.no_grad():
+            torch.testing.assert_close(g(X + 1), fn(X + 1))
+            assert g(X).dtype == fn(X).dtype != torch.float32
