@@ -15,7 +15,9 @@ from tensordict import TensorDictBase
 
 from ._effects import Effects
 from ._errors import Mismatch
-from ._inputs import Materialized, StaticInputs, alias_groups, identity_pattern, nested_paths, resolve, span_bytes
+from ._inputs import (Materialized, StaticInputs, alias_groups, identity_pattern, inference_inputs, nested_paths,
+                      resolve, span_bytes)
+from ._mode import saves_inputs
 from ._outputs import GRAPH, REF, Plan, build, collect_call, dense, ref_recipes
 from ._spec import InputSpec
 from ._stale import Watch
@@ -60,7 +62,10 @@ class Entry:
         self.requires, self.layouts = effects.requires, effects.layouts
         self.result_refs = [r for r in ref_recipes(out_recipe) if r[1][0] != "slot_obj"] if effects.ops else []
         self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
-        self.plain = layer is None and not self.extra_checks  # extra_ok has nothing to check
+        # captured with autograd recording (a layer, a train step): eagerly, an inference tensor
+        # given as input would be refused when saved for backward; the graph's buffers would not
+        self.saves_inputs = saves_inputs(spec.mode, layer, watch.externals.values())
+        self.plain = layer is None and not self.extra_checks and not self.saves_inputs  # extra_ok has nothing to check
         self.single = (
             out_recipe == (GRAPH, 0) and len(plan.graph) == 1 and not effects.any and not plan.grad
             and layer is None
@@ -90,6 +95,8 @@ class Entry:
         """Aliasing, strides and unread structure, where the replay depends on them
         (usually nothing to do); for a layer, what its backward graph depends on."""
         if self.layer is not None and not self.layer.ok():
+            return False
+        if self.saves_inputs and any(leaves[i].is_inference() for i in self.inputs.tensor_index):
             return False
         if not self.extra_checks:
             return True
@@ -174,6 +181,10 @@ class Entry:
                 found.append(Mismatch(name(i), "stride", str(stride), str(leaves[i].stride())))
         if self.check_alias:
             found += self._alias_mismatches(leaves, name)
+        if self.effects.written and not torch.is_inference_mode_enabled():
+            found += inference_inputs(leaves, self.effects.written, name, "the function writes into it")
+        if self.saves_inputs:
+            found += inference_inputs(leaves, self.inputs.tensor_index, name, "autograd may save it for backward")
         if self.layer is not None:
             found += self.layer.mismatches()
         return found

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
+from ._errors import Mismatch
 from ._tree import Layout, _is_node, build_td, slot_ranges, unflatten
 
-__all__ = ["StaticInputs", "Materialized", "storage_base"]
+__all__ = ["StaticInputs", "Materialized", "inference_inputs", "storage_base"]
 
 Tensor = torch.Tensor
 _CONTAINERS = (dict, list, tuple)
@@ -71,6 +72,15 @@ def alias_groups(members: list[tuple[int, Tensor]]) -> list[list[tuple[int, Tens
             end = max(end, stop)
         groups.append(sorted(current, key=lambda m: m[0]))
     return sorted(groups, key=lambda g: g[0][0])
+
+
+def inference_inputs(leaves: Any, index: list[int], name: Any, why: str) -> list[Mismatch]:
+    """The leaves at ``index`` that are inference tensors, where a replay needs normal ones
+    (``why``): eagerly, torch would refuse to write one outside inference mode, or to save
+    one for backward. (The graph's buffers are normal tensors: a replay would not refuse.)"""
+    return [Mismatch(name(i), "inference", f"a normal tensor ({why})",
+                     "an inference tensor (made under torch.inference_mode())")
+            for i in index if leaves[i].is_inference()]
 
 
 def identity_pattern(leaves: Any, index: list[int]) -> list[int]:

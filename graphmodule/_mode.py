@@ -1,6 +1,8 @@
 """What a call's outcome depends on besides its inputs: the modes a graph bakes in.
 
-- grad mode: whether outputs track gradients;
+- grad mode: whether outputs track gradients, and ``torch.inference_mode()``: whether
+  they are inference tensors (a graph captured in inference mode also has inference
+  tensors for buffers, which only inference mode may write);
 - train/eval of every module the function reaches (dropout, batch norm);
 - tensordict's interaction type (``set_interaction_type`` / torchrl's
   ``set_exploration_type``): whether a probabilistic module samples or takes the mode;
@@ -29,9 +31,10 @@ except ImportError:  # pragma: no cover - older tensordict
 from . import _dictwatch
 from ._errors import Mismatch, UnsupportedError
 
-__all__ = ["Mode", "ModeReader", "check_capture"]
+__all__ = ["Mode", "ModeReader", "check_capture", "saves_inputs"]
 
 _is_grad_enabled = torch.is_grad_enabled
+_is_inference = torch.is_inference_mode_enabled
 _any_autocast = torch._C._is_any_autocast_enabled
 _autocast_enabled = torch.is_autocast_enabled
 _autocast_dtype = torch.get_autocast_dtype
@@ -56,6 +59,12 @@ class Mode(NamedTuple):
     interaction: Any
     modules: tuple
     autocast: tuple | None
+    inference: bool
+
+    def grad_mode(self) -> str:
+        if self.inference:
+            return "inference_mode (torch.inference_mode())"
+        return "enabled" if self.grad else "disabled (torch.no_grad())"
 
 
 def _autocast() -> tuple | None:
@@ -105,14 +114,15 @@ class ModeReader:
         else:
             modes = self._modes
         # (one C call when autocast is off everywhere, the usual case)
-        return (_is_grad_enabled(), _interaction_type(), modes, _autocast() if _any_autocast() else None)
+        return (_is_grad_enabled(), _interaction_type(), modes, _autocast() if _any_autocast() else None,
+                _is_inference())
 
     def mismatches(self, captured: tuple, now: tuple) -> list[Mismatch]:
         captured, now = Mode(*captured), Mode(*now)
         found = []
-        names = {True: "enabled", False: "disabled (torch.no_grad() or inference_mode)"}
-        if captured.grad != now.grad:
-            found.append(Mismatch("torch.is_grad_enabled()", "grad_mode", names[captured.grad], names[now.grad]))
+        if captured.grad_mode() != now.grad_mode():
+            where = "torch.is_inference_mode_enabled()" if captured.inference != now.inference else "torch.is_grad_enabled()"
+            found.append(Mismatch(where, "grad_mode", captured.grad_mode(), now.grad_mode()))
         if captured.interaction != now.interaction:
             found.append(Mismatch("interaction_type()", "interaction_type", str(captured.interaction),
                                   str(now.interaction)))
@@ -133,21 +143,44 @@ def _cached_by_autocast(t: Any, devices: set) -> bool:
             and t.device.type in devices)
 
 
-def check_capture(owner: str, mode: tuple, tensors: Iterable[tuple[str, Any]]) -> None:
+def saves_inputs(mode: tuple, layer: Any, externals: Iterable[Any]) -> bool:
+    """Whether autograd may save a call's inputs for backward: captured with grad enabled and
+    something that requires grad (a layer, a train step's parameters). Eagerly, an inference
+    tensor saved for backward is refused; a graph's buffers are normal tensors, which are not."""
+    return bool(mode) and Mode(*mode).grad and (layer is not None or any(t.requires_grad for t in externals))
+
+
+def check_capture(owner: str, mode: tuple, externals: Sequence[tuple[str, Any]],
+                  inputs: Sequence[tuple[str, Any]]) -> None:
     """Refuse a capture under ``mode`` whose replays could differ from the eager calls;
-    ``tensors``: ``(place, tensor)`` of what the graph reads (parameters, inputs).
+    ``externals``, ``inputs``: ``(place, tensor)`` of the tensors the graph reads (parameters,
+    state) and of the call's inputs.
 
     Autocast with its cache on (torch's default) casts a parameter at its first use in an
     autocast region and reuses that cast until the outermost region ends, even after the
     parameter changed in place; a replay casts at every call. Where the cache may hold a
     cast of a tensor the graph reads, the capture is refused (as
-    ``torch.cuda.make_graphed_callables`` refuses it).
+    ``torch.cuda.make_graphed_callables`` refuses it). An inference tensor among the inputs
+    where autograd may save it is refused too (eagerly torch refuses it; the graph's buffer
+    is a normal tensor).
     """
-    state = Mode(*mode).autocast
+    mode = Mode(*mode)
+    if mode.grad and any(t.requires_grad for _, t in (*externals, *inputs) if isinstance(t, torch.Tensor)):
+        for place, t in inputs:
+            if isinstance(t, torch.Tensor) and t.is_inference():
+                raise UnsupportedError(
+                    owner,
+                    f"expected a normal tensor at {place} (grad mode: autograd may save it for backward), got an "
+                    "inference tensor (made under torch.inference_mode()), which autograd refuses to save; the "
+                    "graph's buffer would be a normal tensor, and the replay would not refuse it.",
+                    "pass a normal tensor (x.clone() outside inference mode, or make it under torch.no_grad()), "
+                    "or call the wrapper under torch.no_grad() or torch.inference_mode().",
+                )
+    state = mode.autocast
     if state is None or not state[1]:
         return
     devices = {device for device, _ in state[0]}
-    for place, t in tensors:
+    for place, t in (*externals, *inputs):
         if _cached_by_autocast(t, devices):
             raise UnsupportedError(
                 owner,

@@ -37,6 +37,7 @@ struct Hot {
   py::object kwnames;  // the keywords' names in the captured order, or None
   unsigned long thread = 0;
   bool grad = false;
+  bool inference = false;  // captured under torch.inference_mode()
   py::object acquire, release, stats, depth, active, guard_check;
   py::object mode_flag, mode_reader, mode, modes, interaction_fn, interaction;
   py::object watch_flag, containers, keys, objects, cells, cell_objects, same_addresses, tobjs, tptrs, tindex;
@@ -83,7 +84,7 @@ int equal(PyObject* a, PyObject* b) { return a == b ? 1 : PyObject_RichCompareBo
 
 // Whether the call's mode is the graph's (ModeReader.read() == entry.mode, as the Python path).
 int modes_ok(Hot& h) {
-  if (at::GradMode::is_enabled() != h.grad) return 0;
+  if (at::GradMode::is_enabled() != h.grad || c10::InferenceMode::is_enabled() != h.inference) return 0;
   // the graphs served here were captured with autocast off (_native._mirror)
   if (at::autocast::is_autocast_enabled(at::kCUDA) || at::autocast::is_autocast_enabled(at::kCPU)) return 0;
   PyObject* now = PyObject_CallNoArgs(h.interaction_fn.ptr());
@@ -371,7 +372,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     h->kwnames = d["kwnames"];
     h->thread = d["thread"].cast<unsigned long>();
     h->grad = d["grad"].cast<bool>();
-    for (const char* k : {"n", "n_pos", "kwnames", "thread", "grad", "direct_addresses", "acquire", "release", "stats", "depth", "active", "guard_check", "mode_flag",
+    h->inference = d["inference"].cast<bool>();
+    for (const char* k : {"n", "n_pos", "kwnames", "thread", "grad", "inference", "direct_addresses", "acquire", "release", "stats", "depth", "active", "guard_check", "mode_flag",
                           "mode_reader", "mode", "modes", "interaction_fn", "interaction", "watch_flag",
                           "containers", "keys", "objects", "cells", "cell_objects", "same_addresses", "tobjs",
                           "tptrs", "tindex", "use_count"}) {

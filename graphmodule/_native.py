@@ -172,11 +172,12 @@ def _mirror(wrapper: Any) -> tuple[dict, list] | None:
         containers, keys, objects = watch._u_containers, watch._u_keys, watch._u_objects
     if not all(type(c) is types.CellType for c in watch._cells):
         return None
-    grad, interaction, modes, autocast = Mode(*entry.mode)
+    grad, interaction, modes, autocast, inference = Mode(*entry.mode)
     if autocast is not None:  # (the compiled path declines calls under autocast)
         return None
     state = {
         "n": n, "n_pos": n_pos, "kwnames": kwnames, "thread": wrapper._thread, "grad": grad,
+        "inference": inference,
         "acquire": wrapper._lock.acquire, "release": wrapper._lock.release, "stats": wrapper._stats,
         "depth": _capture._DEPTH, "active": _capture._ACTIVE, "guard_check": spec._guard.check,
         "mode_flag": reader._flag, "mode_reader": reader, "mode": entry.mode, "modes": modes,

@@ -128,7 +128,7 @@ def record(
     """
     spec = InputSpec(layout, leaves, mode)
     before = Watch(module)  # what exists before the capture: parameters, state...
-    check_capture(owner, mode, [*before.tensors(), *zip(texts, leaves)])
+    check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
     inputs = StaticInputs(layout, leaves)
     grad = torch.is_grad_enabled()
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []

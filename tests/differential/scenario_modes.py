@@ -1,8 +1,9 @@
-"""Scenarios: modes entered and left between calls (grad mode, no_grad, autocast).
+"""Scenarios: modes entered and left between calls (grad mode, no_grad, inference_mode, autocast).
 
-Each step calls the wrapper under a mode drawn for it: grad enabled or ``torch.no_grad()``,
-with or without ``torch.autocast`` (its cast cache on or off), with the input made inside
-the mode or before it. Results may be held across mode changes. The wrapper must give the
+Each step calls the wrapper under a mode drawn for it: grad enabled, ``torch.no_grad()`` or
+``torch.inference_mode()``, with or without ``torch.autocast`` (its cast cache on or off),
+with the input made inside the mode, before it, or before it under inference mode (an
+inference tensor). Results may be held across mode changes. The wrapper must give the
 plain results, or refuse a mode it has no graph for (``max_graphs``) or cannot replay
 (autocast's cast cache) before any effect.
 """
@@ -34,14 +35,21 @@ def enter(stack, grad, cast):
         stack.enter_context(torch.autocast(device, dtype=low, cache_enabled=cast == "cache"))
 
 
+def make(i):
+    return torch.full(({batch}, {n}), 0.25 * i - 0.5, device=device)
+
+
 def step(world, f, i):
-    grad, cast, inside = MODES[i]
+    grad, cast, made = MODES[i]
+    if made == "under inference_mode":
+        with torch.inference_mode():
+            x = make(i)
+    elif made == "before":
+        x = make(i)
     with contextlib.ExitStack() as stack:
-        if not inside:
-            x = torch.full(({batch}, {n}), 0.25 * i - 0.5, device=device)
         enter(stack, grad, cast)
-        if inside:
-            x = torch.full(({batch}, {n}), 0.25 * i - 0.5, device=device)
+        if made == "inside":
+            x = make(i)
         out = f(x)
     if {hold}:
         world["held"].append(out)
@@ -54,13 +62,14 @@ BODIES = {
     "writes its input": "x.mul_(2)\n        return net(x)",
 }
 
-GRADS = ("grad", "no_grad")
+GRADS = ("grad", "no_grad", "inference")
 CASTS = (None, "no cache", "cache")
+MADE = ("inside", "before", "under inference_mode")
 
 
 def modes_strategy(grads: tuple) -> st.SearchStrategy:
-    """Per step ``(grad, autocast, input made inside the mode)``: a few distinct modes, revisited."""
-    mode = st.tuples(st.sampled_from(grads), st.sampled_from(CASTS), st.booleans())
+    """Per step ``(grad, autocast, where the input is made)``: a few distinct modes, revisited."""
+    mode = st.tuples(st.sampled_from(grads), st.sampled_from(CASTS), st.sampled_from(MADE))
     return st.lists(mode, min_size=1, max_size=3).flatmap(
         lambda distinct: st.lists(st.sampled_from(distinct), min_size=3, max_size=8))
 
@@ -81,8 +90,10 @@ def mode_scenarios(draw, grads: tuple) -> Scenario:
     )
     options = (("outputs", draw(st.sampled_from(["safe", "clone"]))), ("max_graphs", max_graphs),
                ("on_graph_limit", limit))
-    # served unless a mode has no room for its graph, or autocast's cache is on
-    refusable = any(cast == "cache" for _, cast in distinct) or (len(distinct) > max_graphs and limit == "raise")
+    # served unless a mode has no room for its graph, autocast's cache is on, or an inference
+    # tensor is written or saved for backward outside inference mode (refused where it may be)
+    refusable = (any(cast == "cache" for _, cast in distinct) or (len(distinct) > max_graphs and limit == "raise")
+                 or any(grad != "inference" and made == "under inference_mode" for grad, _, made in modes))
     tags = {f"{grad}+{cast}" for grad, cast in distinct} | {body}
     return Scenario(src=src, steps=len(modes), warmup=draw(st.integers(1, 2)), options=options,
                     refusable=refusable, tags=frozenset(tags))
