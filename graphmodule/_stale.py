@@ -8,7 +8,9 @@ capture, by walking from the wrapped callable:
 - optimizers: param groups' hyperparameters (a scheduler's float ``lr``) by value,
   tensor hyperparameters and state (``exp_avg``...) by address;
 - functions: closure variables and the globals their code reads, by identity for
-  objects and by value for Python scalars; and everything those lead to, as above.
+  objects and by value for Python scalars; and everything those lead to, as above;
+- the lists and dicts reached from a function (``scale[0]``, ``cfg["tau"]``): their entries,
+  and their Python scalars by value, with their length (one place per container).
 
 Each replay checks these with a few C-level passes (``map`` over getters); the slow
 walk that names what changed runs only when that check fails. Where Python has dict
@@ -18,8 +20,11 @@ changed; lists, closure cells and globals are read at every check, and so are th
 addresses of the tensors (``p.data = ...`` changes no dict).
 
 Not seen: Python values read from objects the walk does not reach (deeper than
-:data:`MAX_DEPTH`, or behind properties), and tensors rebound inside containers the
-walk does not enter. Python state the function *changes* is refused at capture, see
+:data:`MAX_DEPTH`, or behind properties), Python scalars held by plain objects (as
+attributes, or in their lists and dicts: a counter or a log on an object the function
+merely mentions would make every call stale), changes that compare equal (``0.0`` to
+``-0.0`` inside a list or dict), and tensors rebound inside containers the walk does not
+enter. Python state the function *changes* is refused at capture, see
 :class:`PythonEffects`.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import reprlib
 import types
 from operator import attrgetter, getitem, is_
 from typing import Any, Callable
@@ -58,6 +64,67 @@ def _internal(fn: Any) -> bool:
     """Functions of torch, tensordict and the standard library: not the user's Python state."""
     module = getattr(fn, "__module__", None) or ""
     return module.split(".", 1)[0] in _INTERNAL_PACKAGES
+
+
+class _Scalars:
+    """The Python scalars of a list or dict a function names (``scale[0]``, ``cfg["tau"]``),
+    watched as one place: ``self[None]`` is ``self`` while the container holds the captured
+    keys, in order, and entries equal to the captured ones (C-level comparisons, where an
+    entry still the captured object costs no ``==``), else a :class:`_Now` showing its
+    scalars. A graph bakes in the values it read; a container that grew may be read
+    otherwise (``lst[-1]``, a loop over a dict). Entries that are not scalars are watched
+    by identity besides, as elsewhere."""
+
+    __slots__ = ("obj", "keys", "values", "scalar_keys", "scalar_values")
+
+    def __init__(self, obj: list | dict):
+        self.obj = obj
+        self.keys = list(obj) if isinstance(obj, dict) else None
+        self.values = list(obj.values()) if isinstance(obj, dict) else list(obj)
+        keys = self.keys if self.keys is not None else range(len(obj))
+        pairs = [(k, v) for k, v in zip(keys, self.values) if isinstance(v, _SCALARS)]
+        self.scalar_keys, self.scalar_values = [k for k, _ in pairs], [v for _, v in pairs]
+
+    def __getitem__(self, _: Any) -> Any:
+        obj = self.obj
+        try:
+            if self.keys is None:
+                if obj == self.values:
+                    return self
+            elif list(obj) == self.keys and list(obj.values()) == self.values:
+                return self
+        except Exception:  # noqa: BLE001 - an entry whose == is not a truth value (a new tensor)
+            pass
+        return _Now(self)
+
+    def __repr__(self) -> str:
+        return _show_scalars(self.keys is None and len(self.scalar_keys) == len(self.values), self.scalar_keys,
+                             self.scalar_values)
+
+
+class _Now:
+    """What a watched container holds now, for the message (see :class:`_Scalars`)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, place: _Scalars):
+        obj = place.obj
+        keys = list(obj) if isinstance(obj, dict) else list(range(len(obj)))
+        pairs = [(k, obj[k]) for k in keys if isinstance(obj[k], _SCALARS)]
+        self.text = _show_scalars(isinstance(obj, list) and len(pairs) == len(obj), [k for k, _ in pairs],
+                                  [v for _, v in pairs])
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _show_scalars(whole: bool, keys: list, values: list) -> str:
+    """``[2.0]`` for a list of scalars only (``whole``), ``{key: value}`` for the scalars of
+    anything else."""
+    shown = reprlib.Repr()
+    shown.maxlist = shown.maxdict = 8
+    text = shown.repr(list(values) if whole else dict(zip(keys, values)))
+    return f"{text} ({len(keys)} scalars)" if len(keys) > 8 else text
 
 
 class _Cell:
@@ -107,8 +174,9 @@ class Watch:
         self.freeze()
 
     # -- discovery (at capture) ------------------------------------------------------------
-    def _bind(self, container: Any, key: Any, value: Any, label: str, depth: int) -> None:
-        """Watch ``container[key]`` (now ``value``), then what ``value`` leads to."""
+    def _bind(self, container: Any, key: Any, value: Any, label: str, depth: int, scalars: bool = True) -> None:
+        """Watch ``container[key]`` (now ``value``), then what ``value`` leads to (``scalars``:
+        with the Python scalars of the lists and dicts found there)."""
         if isinstance(value, torch.Tensor):
             self.externals[id(value)] = value
             for lst, item in zip(self._t, (container, key, _data_ptr(value), label)):
@@ -120,9 +188,9 @@ class Watch:
         else:
             for lst, item in zip(self._o, (container, key, value, label)):
                 lst.append(item)
-            self._visit(value, label, depth + 1)
+            self._visit(value, label, depth + 1, scalars)
 
-    def _visit(self, obj: Any, label: str, depth: int) -> None:
+    def _visit(self, obj: Any, label: str, depth: int, scalars: bool = True) -> None:
         if depth > MAX_DEPTH or id(obj) in self._seen or isinstance(obj, (type, types.ModuleType)):
             return
         self._seen.add(id(obj))
@@ -143,14 +211,15 @@ class Watch:
             self._visit(obj.__func__, label, depth)
         elif isinstance(obj, types.FunctionType):
             self._function(obj, depth)
-        elif isinstance(obj, (list, tuple)):
-            for i, item in enumerate(obj):
+        elif isinstance(obj, (list, tuple, dict)):
+            items = list(obj.items()) if isinstance(obj, dict) else list(enumerate(obj))
+            for key, item in items:
                 if not isinstance(item, _SCALARS):
-                    self._bind(obj, i, item, f"{label}[{i}]", depth)
-        elif isinstance(obj, dict):
-            for key, item in list(obj.items()):
-                if not isinstance(item, _SCALARS):
-                    self._bind(obj, key, item, f"{label}[{key!r}]", depth)
+                    self._bind(obj, key, item, f"{label}[{key!r}]", depth, scalars)
+            if scalars and not isinstance(obj, tuple) and any(isinstance(item, _SCALARS) for _, item in items):
+                place = _Scalars(obj)
+                for lst, item in zip(self._v, (place, None, place, label)):
+                    lst.append(item)
         elif hasattr(obj, "__dict__") and not callable(getattr(obj, "__get__", None)):
             inner = getattr(obj, "_torchdynamo_orig_callable", None) or getattr(obj, "__wrapped__", None)
             if inner is not None:
@@ -161,7 +230,7 @@ class Watch:
             self._instance_dicts.add(id(attrs))
             for name, value in list(attrs.items()):
                 if not name.startswith("__") and isinstance(value, _WORTH):
-                    self._bind(attrs, name, value, f"{label}.{name}", depth)
+                    self._bind(attrs, name, value, f"{label}.{name}", depth, scalars=False)
 
     def _function(self, fn: types.FunctionType, depth: int) -> None:
         wrapped = getattr(fn, "__wrapped__", None) or getattr(fn, "_torchdynamo_orig_callable", None)
