@@ -43,6 +43,7 @@ from torch import nn
 
 from . import _dictwatch
 from ._spec import same_constant
+from ._surface import WrapperSurface
 
 __all__ = ["Watch", "PythonEffects", "MAX_DEPTH"]
 
@@ -220,6 +221,11 @@ class Watch:
                 place = _Scalars(obj)
                 for lst, item in zip(self._v, (place, None, place, label)):
                     lst.append(item)
+        elif isinstance(obj, WrapperSurface):
+            # another wrapper, called inside this graph's capture, ran its function inline: the
+            # graph reads what that function reads, not the wrapper's own bookkeeping (its graphs,
+            # counters, index), which its calls elsewhere change
+            self._visit(obj.module, f"{label}.module", depth)
         elif hasattr(obj, "__dict__") and not callable(getattr(obj, "__get__", None)):
             inner = getattr(obj, "_torchdynamo_orig_callable", None) or getattr(obj, "__wrapped__", None)
             if inner is not None:

@@ -465,3 +465,59 @@ class TestContainers:
                 agent.stats["calls"] = step
                 torch.testing.assert_close(g(X), agent.net(X))
         assert g.stats.captures == 1 and g.stats.recaptures == 0
+
+
+class TestNestedWrappers:
+    """A wrapper called inside another's capture runs inline: the outer graph reads what the
+    inner function reads, not the inner wrapper's own graphs and counters."""
+
+    def _rollout(self, backend):
+        net = nn.Linear(3, 3)
+        policy = CudaGraphModule(net, max_graphs=3, on_graph_limit="evict", backend=backend)
+
+        def rollout(obs):
+            for _ in range(4):
+                obs = obs * 0.5 + policy(obs).tanh()
+            return obs
+
+        def plain(obs):
+            for _ in range(4):
+                obs = obs * 0.5 + net(obs).tanh()
+            return obs
+
+        return net, policy, rollout, plain
+
+    def test_the_readme_example(self, graph_backend):
+        net, policy, rollout, plain = self._rollout(graph_backend)
+        graphed = CudaGraphModule(rollout, backend=graph_backend)
+        with torch.no_grad():
+            for step in range(6):
+                obs = torch.full((8, 3), 0.1 * step)
+                torch.testing.assert_close(graphed(obs), plain(obs))
+                small = torch.full((2, 3), -0.1 * step)  # the policy alone, another batch size
+                torch.testing.assert_close(policy(small), net(small))
+        assert graphed.stats.captures == 1 and graphed.stats.recaptures == 0
+        assert policy.stats.inline_calls >= 4 and policy.stats.graphs == 2
+
+    def test_what_the_inner_function_reads_is_still_watched(self):
+        net, policy, rollout, _ = self._rollout("simulate")
+        graphed = CudaGraphModule(rollout, backend="simulate")
+        with torch.no_grad():
+            for _ in range(3):
+                graphed(X)
+            net.weight = nn.Parameter(torch.zeros(3, 3))
+            with pytest.raises(StaleGraphError) as info:
+                graphed(X)
+        assert str(info.value).splitlines()[1] == (
+            "  closure variable 'policy' of TestNestedWrappers._rollout.<locals>.rollout.module.weight: another "
+            "tensor (the graph reads the old one's memory)")
+
+    def test_the_inner_wrapper_rebound(self):
+        inner = CudaGraphModule(lambda x: x * 2, backend="simulate")
+        holder = {"f": inner}
+        graphed = CudaGraphModule(lambda x: holder["f"](x) + 1, backend="simulate")
+        for _ in range(3):
+            graphed(X)
+        holder["f"] = CudaGraphModule(lambda x: x * 3, backend="simulate")
+        with pytest.raises(StaleGraphError, match=r"closure variable 'holder' of .*\['f'\]: another CudaGraphModule"):
+            graphed(X)
