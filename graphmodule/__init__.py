@@ -16,6 +16,7 @@ Modules, one concept each:
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
 - ``_outputs``: how the graph's buffers become the call's result.
 - ``_stale``: what the graph reads from outside its inputs, checked each call.
+- ``_hooks``: module hooks, whose Python a replay would not run: refused at capture, watched after.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_mode``: grad mode, train/eval, interaction type, autocast: part of the signature.
 - ``_capture``: the only module that touches CUDA graphs (and its CPU stand-ins).

@@ -24,6 +24,7 @@ from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
+from ._hooks import refuse as refuse_hooks
 from ._inputs import Materialized, StaticInputs
 from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
@@ -129,6 +130,7 @@ def record(
     spec = InputSpec(layout, leaves, mode)
     before = Watch(module)  # what exists before the capture: parameters, state...
     check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
+    refuse_hooks(owner, before.modules, backward=torch.is_grad_enabled())
     inputs = StaticInputs(layout, leaves)
     grad = torch.is_grad_enabled()
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []
@@ -179,7 +181,9 @@ def record(
         plan=plan,
         out_recipe=out_recipe,
         stride_checked=builder.stride_checked,
-        watch=Watch(module),  # after the capture: what the replays must keep reading
+        # after the capture: what the replays must keep reading (backward hooks where the graph
+        # runs a backward itself; a layer's backward graph watches its own, see _grad)
+        watch=Watch(module, backward_hooks=grad and layer is None),
         runner=runner,
         handle=handle,
         clone=clone,

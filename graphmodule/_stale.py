@@ -12,6 +12,9 @@ capture, by walking from the wrapped callable:
 - the lists and dicts reached from a function (``scale[0]``, ``cfg["tau"]``): their entries,
   and their Python scalars by value, with their length (one place per container).
 
+The hooks of the modules found (see :mod:`._hooks`) are watched too: one added or removed
+since the capture makes the graph stale.
+
 Each replay checks these with a few C-level passes (``map`` over getters); the slow
 walk that names what changed runs only when that check fails. Where Python has dict
 watchers (CPython 3.12+, see :mod:`._dictwatch`), places in dicts (nearly all of them:
@@ -42,6 +45,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from . import _dictwatch
+from ._hooks import HookWatch, describe_hook
 from ._spec import same_constant
 from ._surface import WrapperSurface
 
@@ -158,7 +162,7 @@ class Watch:
         externals: ``id(t) -> t`` for every tensor found (parameters, state...).
     """
 
-    def __init__(self, fn: Any):
+    def __init__(self, fn: Any, backward_hooks: bool = False):
         self.externals: dict[int, torch.Tensor] = {}
         self._t: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, ptrs, labels
         self._o: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, objects, labels
@@ -172,6 +176,16 @@ class Watch:
         self.modules: list[tuple[nn.Module, str]] = []
         self._visit(fn, "module" if isinstance(fn, nn.Module) else "the wrapped callable", 0)
         self.known = frozenset(self._seen)  # objects that exist outside the call
+        # the modules' hooks (backward ones where a backward inside the graph runs them): the
+        # hooks present (pure ones, see _hooks) by identity, and one place that moves when any
+        # hook is registered
+        self.backward_hooks = backward_hooks
+        self.hooks = HookWatch(self.modules, backward_hooks)
+        for d, captured in zip(self.hooks.dicts, self.hooks.captured):
+            for key, hook in captured.items():
+                for lst, item in zip(self._o, (d.hooks, key, hook, f"{d.where}: {describe_hook(d, hook)}")):
+                    lst.append(item)
+        self._h = ([self.hooks.place[0]], [self.hooks.place[1]], [getitem(*self.hooks.place)], ["hooks"])
         self.freeze()
 
     # -- discovery (at capture) ------------------------------------------------------------
@@ -386,11 +400,14 @@ class Watch:
             if kind == "value":
                 if not same_constant(now[i], objects[i]):
                     return False
+            elif kind == "hooks":  # a hook registered somewhere: on these modules?
+                if not self.hooks.same():
+                    return False
             elif not isinstance(now[i], torch.Tensor) or _facts(now[i]) != facts[kind]:
                 return False
         for i in changed:
             objects[i] = now[i]
-            if kinds[i] not in (None, "value"):
+            if kinds[i] not in (None, "value", "hooks"):
                 self._adopt_tensor(kinds[i], now[i])
         n = len(self._containers)
         self._place_objects, self._cell_objects = objects[:n], objects[n:]
@@ -418,6 +435,7 @@ class Watch:
         tensors = [(c, k, obj, i) for i, (c, k, obj) in enumerate(zip(self._t[0], self._t[1], self._tensors))]
         objects = [(c, k, obj, None) for c, k, obj in zip(*self._o[:3])]
         values = [(c, k, value, "value") for c, k, value in zip(*self._v[:3])]
+        values += [(c, k, value, "hooks") for c, k, value in zip(*self._h[:3])]
         places = [p for p in tensors + objects + values if not isinstance(p[0], _Cell)]
         cells = [p for p in tensors + objects + values if isinstance(p[0], _Cell)]
         # the places the check reads at every call first (lists, globals, ...); then those it
@@ -462,7 +480,7 @@ class Watch:
                 what = what_changed(now, captured, *extra)
                 if what:
                     out.append((label, what))
-        return out
+        return out + self.hooks.changes()
 
 
 _contents = attrgetter("cell_contents")
