@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ._errors import Mismatch
-from ._tree import Layout, _is_node, build_td, slot_ranges, unflatten
+from ._tree import Layout, _is_node, build_td, nested_entries, node_td, slot_ranges, unflatten
 
 __all__ = ["StaticInputs", "Materialized", "inference_inputs", "storage_base"]
 
@@ -268,8 +268,10 @@ class Materialized:
 
     ``refs`` maps ``id(obj)`` of every container, TensorDict (nested ones too) and
     tensorclass handed to the function to its place in the call: ``("tree", path)``
-    (a path into ``(args, kwargs)``) or ``("slot", position, key)`` (a nested key of
-    the TensorDict at that slot). The objects are kept alive here, so ids stay valid.
+    (a path into ``(args, kwargs)``), ``("slot", position, key)`` (a nested key of the
+    TensorDict at that slot: the TensorDict there, or a tensorclass's own) or
+    ``("slot_tc", position, key)`` (the tensorclass at that key). The objects are kept
+    alive here, so ids stay valid.
     """
 
     def __init__(self, inputs: StaticInputs, callers: dict[int, Any] | None = None,
@@ -317,7 +319,7 @@ class Materialized:
     def _mirror(self, td: TensorDictBase, caller: Any, position: int, prefix: tuple) -> None:
         if not isinstance(caller, TensorDictBase):
             return
-        for name, value in caller.items():
+        for name, value in nested_entries(caller):
             if not _is_node(value):
                 continue
             key = prefix + (name,)
@@ -348,10 +350,13 @@ class Materialized:
 
     def _walk_td(self, td: TensorDictBase, position: int, prefix: tuple) -> None:
         for name, value in td.items():
-            if isinstance(value, TensorDictBase) and not getattr(type(value), "_is_non_tensor", False):
+            inner = node_td(value)
+            if inner is not None:
                 key = prefix + (name,)
-                self._register(value, ("slot", position, key))
-                self._walk_td(value, position, key)
+                if inner is not value:  # a tensorclass: itself, and its TensorDict (what writes change)
+                    self._register(value, ("slot_tc", position, key))
+                self._register(inner, ("slot", position, key))
+                self._walk_td(inner, position, key)
 
 
 def nested_paths(td: Any) -> tuple:
@@ -362,7 +367,7 @@ def nested_paths(td: Any) -> tuple:
     stack = [((), td)]
     while stack:
         prefix, node = stack.pop()
-        for name, value in node.items():
+        for name, value in nested_entries(node):
             if _is_node(value):
                 out.append(prefix + (name,))
                 stack.append((prefix + (name,), value))
@@ -378,8 +383,11 @@ def resolve(ref: tuple, tree: Any, slot_objs: dict[int, Any]) -> Any:
         return node
     if ref[0] == "slot_obj":
         return slot_objs[ref[1]]
-    _, position, key = ref
+    kind, position, key = ref
     obj = slot_objs[position]
     td = obj._tensordict if is_tensorclass(obj) else obj
-    return td.get(key) if key else td
+    if not key:
+        return td
+    value = td.get(key)
+    return node_td(value) if kind == "slot" else value  # (a tensorclass's TensorDict, for "slot")
 

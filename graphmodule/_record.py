@@ -42,7 +42,7 @@ Tensor = torch.Tensor
 def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.device | None):
     """The layout, leaves and slot values of a call about to be captured; raises what a
     capture cannot take."""
-    layout = Layout.capture(tree, by_key)
+    layout = Layout.capture(tree, by_key, owner, arg_names)
     leaves, objs = layout.leaves(tree)
     texts = leaf_texts(layout.leaf_paths(), arg_names)
     if device is not None:
