@@ -15,7 +15,8 @@ Modules, one concept each:
 - ``_inputs``: static input buffers, aliased as the caller's inputs were.
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
 - ``_outputs``: how the graph's buffers become the call's result.
-- ``_stale``: what the graph reads from outside its inputs, checked each call.
+- ``_discover``: what the graph reads from outside its inputs, found at capture.
+- ``_stale``: the check, at every call, that what it reads is unchanged.
 - ``_hooks``: module hooks, whose Python a replay would not run: refused at capture, watched after.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_mode``: grad mode, train/eval, interaction type, autocast: part of the signature.
