@@ -250,7 +250,10 @@ class StaticInputs:
         out = []
         after = self.versions()
         for j, i in enumerate(self.tensor_index):
-            moved = versions[j] is None or after[j] != versions[j]
+            # (a buffer made under inference mode has no version counter: its bytes tell; a
+            # write of the same bytes then goes unseen, and copying it back would change nothing
+            # but the version counter of the caller's tensor, which eagerly does not move)
+            moved = versions[j] is not None and after[j] != versions[j]
             if moved or not torch.equal(span_bytes(self.buffers[j]), snapshot[j]):
                 out.append(i)
         return out

@@ -9,7 +9,8 @@ from tensordict.nn import InteractionType, set_interaction_type
 from torch import nn
 
 from graphmodule import CudaGraphModule, InputMismatchError, UnsupportedError
-from graphmodule import _dictwatch
+import graphmodule
+from graphmodule import _dictwatch, _native
 from graphmodule._mode import ModeReader
 
 X = torch.ones(2, 3)
@@ -387,3 +388,31 @@ class TestInferenceMode:
         )
         torch.testing.assert_close(g(X), net(X))  # left as if the call had not been made
         assert g.stats.captures == 1
+
+    def test_an_input_read_in_inference_mode_is_not_written_back(self, graph_backend):
+        # a buffer made in inference mode has no version counter: only its bytes tell a write
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        x = X.clone()
+        with torch.inference_mode():
+            for _ in range(4):
+                torch.testing.assert_close(g(x), net(x))
+        assert x._version == 0  # eagerly nothing writes into it
+
+    def test_the_compiled_path_compares_inference_mode(self):
+        if not graphmodule.enable_native():
+            pytest.skip("the compiled hot path could not be built here")
+        try:
+            net = nn.Linear(3, 3)
+            g = CudaGraphModule(net, warmup=1, backend="simulate")
+            with torch.inference_mode():
+                for _ in range(6):
+                    g(X)
+            assert g._hot  # served by the compiled path from here
+            with torch.no_grad(), pytest.raises(InputMismatchError, match="torch.is_inference_mode_enabled()"):
+                g(X)
+            with torch.inference_mode(), _autocast(cache_enabled=False), pytest.raises(InputMismatchError,
+                                                                                     match="torch.autocast"):
+                g(X)
+        finally:
+            _native.disable_native()
