@@ -26,10 +26,12 @@ Modules, one concept each:
   records saying where each part of it comes from).
 - ``_outputsets``: ``OutputSets``, the state machine of ``outputs="safe"``: lent results,
   twins, copies (``_lend``: lending the buffers; ``_twin``: a twin's own buffers).
-- ``_stale``: what the graph reads from outside its inputs, checked each call
+- ``_discover``: what the graph reads from outside its inputs, found at capture.
+- ``_stale``: the check, at every call, that what it reads is unchanged
   (``_dictwatch``: the dict watchers that let it skip what did not change).
+- ``_hooks``: module hooks, whose Python a replay would not run: refused at capture, watched after.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
-- ``_mode``: grad mode, train/eval, interaction type: part of the signature.
+- ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode: part of the signature.
 - ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
   three runners (CUDA, simulated on any device, eager).
 - ``_diagnose``: the likely cause of a failed capture.

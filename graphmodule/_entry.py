@@ -26,10 +26,12 @@ from ._inputs import (
     StaticInputs,
     alias_groups,
     identity_pattern,
+    inference_inputs,
     nested_paths,
     resolve,
     span_bytes,
 )
+from ._mode import saves_inputs
 from ._outputs import Plan, dense
 from ._recipes import GRAPH, PASSED, build, passed_recipes
 from ._spec import InputSpec
@@ -116,7 +118,10 @@ class Entry:
         self.requires, self.layouts = effects.requires, effects.layouts
         self.result_refs = [r for r in passed_recipes(out_recipe) if r.ref.kind is not SLOT_OBJ] if effects.ops else []
         self.extra_checks = self.check_alias or bool(self.stride_checked) or bool(self.requires)
-        self.plain = layer is None and not self.extra_checks  # extra_ok has nothing to check
+        # captured with autograd recording (a layer, a train step): eagerly, an inference tensor
+        # given as input would be refused when saved for backward; the graph's buffers would not
+        self.saves_inputs = saves_inputs(spec.mode, layer, watch.externals.values())
+        self.plain = layer is None and not self.extra_checks and not self.saves_inputs  # extra_ok has nothing to check
         self.single = (
             out_recipe.kind is GRAPH and out_recipe.index == 0 and len(plan.graph) == 1 and not effects.any and not plan.grad
             and layer is None
@@ -142,6 +147,8 @@ class Entry:
         """Aliasing, strides and unread structure, where the replay depends on them
         (usually nothing to do); for a layer, what its backward graph depends on."""
         if self.layer is not None and not self.layer.ok():
+            return False
+        if self.saves_inputs and any(leaves[i].is_inference() for i in self.inputs.tensor_index):
             return False
         if not self.extra_checks:
             return True
@@ -220,6 +227,10 @@ class Entry:
                 found.append(Mismatch(name(i), "stride", str(stride), str(leaves[i].stride())))
         if self.check_alias:
             found += self._alias_mismatches(leaves, name)
+        if self.effects.written and not torch.is_inference_mode_enabled():
+            found += inference_inputs(leaves, self.effects.written, name, "the function writes into it")
+        if self.saves_inputs:
+            found += inference_inputs(leaves, self.inputs.tensor_index, name, "autograd may save it for backward")
         if self.layer is not None:
             found += self.layer.mismatches()
         return found
@@ -269,7 +280,7 @@ class Entry:
             # watch holds (``group["lr"] = 0.5 * lr`` inside the function): look again where
             # its check fails (a watch kept, as on CUDA, keeps its dict watchers' state).
             if not self.watch.check():
-                self.watch = Watch(module)
+                self.watch = Watch(module, self.watch.backward_hooks)
             with torch.no_grad():
                 for j, fresh in found.items():
                     static = graph[j]

@@ -47,9 +47,10 @@ class Mismatch:
     ``kind`` is one of ``"structure"``, ``"order"``, ``"missing"``, ``"extra"``,
     ``"type"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"layout"``,
     ``"requires_grad"``, ``"value"``, ``"batch_size"``, ``"alias"``, ``"stride"``,
-    ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"hook"`` (a module backward hook
-    on a graph captured as a layer) or ``"unread"`` (a nested TensorDict the module does
-    not read but writes into, or would merge into).
+    ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"autocast"``, ``"hook"`` (a module backward hook
+    on a graph captured as a layer), ``"inference"`` (an inference tensor where the replay
+    writes into the input or saves it for backward) or ``"unread"`` (a nested TensorDict the
+    module does not read but writes into, or would merge into).
     """
 
     path: str
@@ -66,7 +67,7 @@ class Mismatch:
             return f"{self.path}: not in the captured inputs (got {self.got})"
         if self.kind == "alias":
             return f"{self.path}: expected {self.expected} (as at capture), got {self.got}"
-        if self.kind == "unread":
+        if self.kind in ("unread", "inference"):
             return f"{self.path}: expected {self.expected}, got {self.got}"
         if self.kind == "order":
             return f"{self.path}: expected key order {self.expected}, got {self.got}"
@@ -99,8 +100,16 @@ _ADVICE = {
     "mode": "the graph replays the branch it captured: switch back, pass max_graphs=2 to keep "
     "one graph per mode, or use one CudaGraphModule per mode.",
     "grad_mode": "the graph was captured under another grad mode, which decides whether its "
-    "outputs track gradients: call it the same way (e.g. always under torch.no_grad()), or pass "
-    "max_graphs=2 to keep one graph per mode.",
+    "outputs track gradients (and under torch.inference_mode(), whether they are inference tensors): "
+    "call it the same way (e.g. always under torch.no_grad()), or pass max_graphs=2 to keep one graph "
+    "per mode.",
+    "inference": "torch lets only inference mode write an inference tensor (one made under "
+    "torch.inference_mode()), and autograd refuses to save one for backward: pass a normal tensor "
+    "(x.clone() outside inference mode, or make it under torch.no_grad()), or call the wrapper under "
+    "torch.inference_mode() (with max_graphs=2, a graph of its own).",
+    "autocast": "autocast decides each op's dtype when the graph is captured, so the graph replays the "
+    "dtypes it captured: call it under the captured autocast state (the same torch.autocast(...) around "
+    "every call), or pass max_graphs=2 to keep one graph per state.",
     "interaction_type": "the graph replays the sampling branch it captured: call it under the "
     "captured interaction/exploration type, or pass max_graphs=2 to keep one graph per type.",
     "order": "the graph replays the order it captured (a function iterating a dict or "

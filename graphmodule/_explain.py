@@ -17,7 +17,7 @@ from tensordict import TensorDictBase, is_tensorclass
 from ._errors import InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
 from ._paths import describe, format_key, format_path, leaf_texts
 from ._spec import InputSpec, same_constant
-from ._tree import MISSING, Node, Slot, _is_node, _is_non_tensor, flatten_with_path, is_slot_value
+from ._tree import MISSING, Node, Slot, _is_non_tensor, child_td, flatten_with_path, is_slot_value
 
 __all__ = ["describe_facts", "describe_graphs", "describe_spec", "explain_mismatches", "mismatch_error"]
 
@@ -130,12 +130,13 @@ def _node_values(node: Node, td: TensorDictBase, text: str, prefix: tuple, found
             if value is not MISSING and _is_non_tensor(value):
                 value = td[name]
             out.append(value)
-        elif value is MISSING or not _is_node(value):
+        elif value is MISSING or child_td(child, value) is None:  # (a tensorclass: of its class)
             if value is not MISSING:
-                found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", "type", "a TensorDict", describe(value)))
+                expected = child.tc.__name__ if child.tc is not None else "a TensorDict"
+                found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", "type", expected, describe(value)))
             out += [MISSING] * len(child.leaf_keys())
         else:
-            _node_values(child, value, text, prefix + (name,), found, out)
+            _node_values(child, child_td(child, value), text, prefix + (name,), found, out)
 
 
 def _slot_values(slot: Slot, obj: Any, text: str) -> tuple[list, list[Mismatch]]:

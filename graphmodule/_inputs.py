@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
-from ._tree import Layout, _is_node, build_td, slot_ranges, unflatten
+from ._errors import Mismatch
+from ._tree import Layout, _is_node, build_td, nested_entries, node_td, slot_ranges, unflatten
 
-__all__ = ["Materialized", "Ref", "RefKind", "StaticInputs", "resolve", "storage_base"]
+__all__ = ["Materialized", "Ref", "RefKind", "StaticInputs", "inference_inputs", "resolve", "storage_base"]
 
 Tensor = torch.Tensor
 _CONTAINERS = (dict, list, tuple)
@@ -73,6 +74,15 @@ def alias_groups(members: list[tuple[int, Tensor]]) -> list[list[tuple[int, Tens
             end = max(end, stop)
         groups.append(sorted(current, key=lambda m: m[0]))
     return sorted(groups, key=lambda g: g[0][0])
+
+
+def inference_inputs(leaves: Any, index: list[int], name: Any, why: str) -> list[Mismatch]:
+    """The leaves at ``index`` that are inference tensors, where a replay needs normal ones
+    (``why``): eagerly, torch would refuse to write one outside inference mode, or to save
+    one for backward. (The graph's buffers are normal tensors: a replay would not refuse.)"""
+    return [Mismatch(name(i), "inference", f"a normal tensor ({why})",
+                     "an inference tensor (made under torch.inference_mode())")
+            for i in index if leaves[i].is_inference()]
 
 
 def identity_pattern(leaves: Any, index: list[int]) -> list[int]:
@@ -244,7 +254,10 @@ class StaticInputs:
         out = []
         after = self.versions()
         for j, i in enumerate(self.tensor_index):
-            moved = versions[j] is None or after[j] != versions[j]
+            # (a buffer made under inference mode has no version counter: its bytes tell; a
+            # write of the same bytes then goes unseen, and copying it back would change nothing
+            # but the version counter of the caller's tensor, which eagerly does not move)
+            moved = versions[j] is not None and after[j] != versions[j]
             if moved or not torch.equal(span_bytes(self.buffers[j]), snapshot[j]):
                 out.append(i)
         return out
@@ -270,9 +283,10 @@ class RefKind(enum.Enum):
     TREE = "a container at a path into (args, kwargs)"
     SLOT = "a TensorDict at a nested key (() for its root) of the TensorDict argument at a slot"
     SLOT_OBJ = "the TensorDict or tensorclass argument at a slot itself"
+    SLOT_TC = "a tensorclass at a nested key of the TensorDict argument at a slot"
 
 
-TREE, SLOT, SLOT_OBJ = RefKind.TREE, RefKind.SLOT, RefKind.SLOT_OBJ  # (read without the class: faster)
+TREE, SLOT, SLOT_OBJ, SLOT_TC = RefKind.TREE, RefKind.SLOT, RefKind.SLOT_OBJ, RefKind.SLOT_TC  # (read without the class: faster)
 
 
 @dataclass(frozen=True, slots=True)  # (read at every call: as fast as a tuple)
@@ -281,7 +295,7 @@ class Ref:
 
     kind: RefKind
     position: int | None  # the slot's position (None for TREE)
-    path: tuple  # TREE: the path into (args, kwargs); SLOT: the nested key; SLOT_OBJ: ()
+    path: tuple  # TREE: the path into (args, kwargs); SLOT, SLOT_TC: the nested key; SLOT_OBJ: ()
 
     @classmethod
     def tree(cls, path: tuple) -> "Ref":
@@ -290,6 +304,10 @@ class Ref:
     @classmethod
     def slot(cls, position: int, key: tuple = ()) -> "Ref":
         return cls(SLOT, position, key)
+
+    @classmethod
+    def slot_tc(cls, position: int, key: tuple) -> "Ref":
+        return cls(SLOT_TC, position, key)
 
     @classmethod
     def slot_obj(cls, position: int) -> "Ref":
@@ -347,7 +365,7 @@ class Materialized:
     def _mirror(self, td: TensorDictBase, caller: Any, position: int, prefix: tuple) -> None:
         if not isinstance(caller, TensorDictBase):
             return
-        for name, value in caller.items():
+        for name, value in nested_entries(caller):
             if not _is_node(value):
                 continue
             key = prefix + (name,)
@@ -375,10 +393,13 @@ class Materialized:
 
     def _walk_td(self, td: TensorDictBase, position: int, prefix: tuple) -> None:
         for name, value in td.items():
-            if isinstance(value, TensorDictBase) and not getattr(type(value), "_is_non_tensor", False):
+            inner = node_td(value)
+            if inner is not None:
                 key = prefix + (name,)
-                self._register(value, Ref.slot(position, key))
-                self._walk_td(value, position, key)
+                if inner is not value:  # a tensorclass: itself, and its TensorDict (what writes change)
+                    self._register(value, Ref.slot_tc(position, key))
+                self._register(inner, Ref.slot(position, key))
+                self._walk_td(inner, position, key)
 
 
 def nested_paths(td: Any) -> tuple:
@@ -389,7 +410,7 @@ def nested_paths(td: Any) -> tuple:
     stack = [((), td)]
     while stack:
         prefix, node = stack.pop()
-        for name, value in node.items():
+        for name, value in nested_entries(node):
             if _is_node(value):
                 out.append(prefix + (name,))
                 stack.append((prefix + (name,), value))
@@ -408,5 +429,8 @@ def resolve(ref: Ref, tree: Any, slot_objs: dict[int, Any]) -> Any:
     if kind is SLOT_OBJ:
         return obj
     td = obj._tensordict if is_tensorclass(obj) else obj
-    return td.get(ref.path) if ref.path else td
+    if not ref.path:
+        return td
+    value = td.get(ref.path)
+    return node_td(value) if kind is SLOT else value  # (a tensorclass's TensorDict, for SLOT)
 

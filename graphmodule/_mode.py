@@ -1,18 +1,23 @@
 """What a call's outcome depends on besides its inputs: the modes a graph bakes in.
 
-- grad mode: whether outputs track gradients;
+- grad mode: whether outputs track gradients, and ``torch.inference_mode()``: whether
+  they are inference tensors (a graph captured in inference mode also has inference
+  tensors for buffers, which only inference mode may write);
 - train/eval of every module the function reaches (dropout, batch norm);
 - tensordict's interaction type (``set_interaction_type`` / torchrl's
-  ``set_exploration_type``): whether a probabilistic module samples or takes the mode.
+  ``set_exploration_type``): whether a probabilistic module samples or takes the mode;
+- autocast (``torch.autocast``) on the devices a graph runs on: each op's dtype, decided
+  when the op is recorded, and whether autocast's cast cache is on.
 
 A graph captured under one mode replays that mode's branch, so the mode is part of
 the captured signature: a call under another one is refused, or gets its own graph.
+:func:`check_capture` refuses the modes no graph can replay as the eager call runs.
 """
 
 from __future__ import annotations
 
 from operator import attrgetter, itemgetter
-from typing import Any, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -24,13 +29,55 @@ except ImportError:  # pragma: no cover - older tensordict
         return None
 
 from . import _dictwatch
-from ._errors import Mismatch
+from ._errors import Mismatch, UnsupportedError
 
-__all__ = ["ModeReader"]
+__all__ = ["Mode", "ModeReader", "check_capture", "saves_inputs"]
 
 _is_grad_enabled = torch.is_grad_enabled
+_is_inference = torch.is_inference_mode_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
+_autocast_enabled = torch.is_autocast_enabled
+_autocast_dtype = torch.get_autocast_dtype
+_autocast_cache = torch.is_autocast_cache_enabled
 _training = attrgetter("training")
 _training_item = itemgetter("training")
+
+# Autocast of other device types changes no op on the tensors a graph runs on (CUDA, or the
+# CPU for the simulated and eager backends).
+AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
+class Mode(NamedTuple):
+    """A call's mode. :meth:`ModeReader.read` returns it as a plain tuple (the hot path
+    compares tuples); ``Mode(*mode)`` names its fields.
+
+    ``autocast``: ``None`` where autocast is off on every device of :data:`AUTOCAST_DEVICES`,
+    else ``(((device_type, dtype), ...), cache_enabled)`` for the devices where it is on.
+    """
+
+    grad: bool
+    interaction: Any
+    modules: tuple
+    autocast: tuple | None
+    inference: bool
+
+    def grad_mode(self) -> str:
+        if self.inference:
+            return "inference_mode (torch.inference_mode())"
+        return "enabled" if self.grad else "disabled (torch.no_grad())"
+
+
+def _autocast() -> tuple | None:
+    on = tuple((device, _autocast_dtype(device)) for device in AUTOCAST_DEVICES if _autocast_enabled(device))
+    return (on, _autocast_cache()) if on else None
+
+
+def describe_autocast(state: tuple | None) -> str:
+    """``"off"``, or the ``torch.autocast(...)`` calls that make ``state``."""
+    if state is None:
+        return "off"
+    on, cache = state
+    return " and ".join(f"torch.autocast({device!r}, dtype={dtype}, cache_enabled={cache})" for device, dtype in on)
 
 
 class ModeReader:
@@ -57,6 +104,7 @@ class ModeReader:
                 self._flag = flag
 
     def read(self) -> tuple:
+        """The call's mode, as a tuple of :class:`Mode`'s fields."""
         flag = self._flag
         if flag is None:
             modes = tuple(map(self._get, self._sources))
@@ -65,17 +113,80 @@ class ModeReader:
             modes = self._modes = tuple(map(self._get, self._sources))
         else:
             modes = self._modes
-        return (_is_grad_enabled(), _interaction_type(), modes)
+        # (one C call when autocast is off everywhere, the usual case)
+        return (_is_grad_enabled(), _interaction_type(), modes, _autocast() if _any_autocast() else None,
+                _is_inference())
 
     def mismatches(self, captured: tuple, now: tuple) -> list[Mismatch]:
+        captured, now = Mode(*captured), Mode(*now)
         found = []
-        names = {True: "enabled", False: "disabled (torch.no_grad() or inference_mode)"}
-        if captured[0] != now[0]:
-            found.append(Mismatch("torch.is_grad_enabled()", "grad_mode", names[captured[0]], names[now[0]]))
-        if captured[1] != now[1]:
-            found.append(Mismatch("interaction_type()", "interaction_type", str(captured[1]), str(now[1])))
+        if captured.grad_mode() != now.grad_mode():
+            where = "torch.is_inference_mode_enabled()" if captured.inference != now.inference else "torch.is_grad_enabled()"
+            found.append(Mismatch(where, "grad_mode", captured.grad_mode(), now.grad_mode()))
+        if captured.interaction != now.interaction:
+            found.append(Mismatch("interaction_type()", "interaction_type", str(captured.interaction),
+                                  str(now.interaction)))
+        if captured.autocast != now.autocast:
+            found.append(Mismatch("torch.autocast", "autocast", describe_autocast(captured.autocast),
+                                  describe_autocast(now.autocast)))
         modes = {True: "train mode", False: "eval mode"}
-        for label, before, after in zip(self.labels, captured[2], now[2]):
+        for label, before, after in zip(self.labels, captured.modules, now.modules):
             if before != after:
                 found.append(Mismatch(f"{label}.training", "mode", modes[before], modes[after]))
         return found
+
+
+def _cached_by_autocast(t: Any, devices: set) -> bool:
+    """Whether autocast's cache may hold a cast of ``t`` (torch caches the casts of float32
+    leaves that require grad: parameters, inputs that require grad)."""
+    return (isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad and t.dtype is torch.float32
+            and t.device.type in devices)
+
+
+def saves_inputs(mode: tuple, layer: Any, externals: Iterable[Any]) -> bool:
+    """Whether autograd may save a call's inputs for backward: captured with grad enabled and
+    something that requires grad (a layer, a train step's parameters). Eagerly, an inference
+    tensor saved for backward is refused; a graph's buffers are normal tensors, which are not."""
+    return bool(mode) and Mode(*mode).grad and (layer is not None or any(t.requires_grad for t in externals))
+
+
+def check_capture(owner: str, mode: tuple, externals: Sequence[tuple[str, Any]],
+                  inputs: Sequence[tuple[str, Any]]) -> None:
+    """Refuse a capture under ``mode`` whose replays could differ from the eager calls;
+    ``externals``, ``inputs``: ``(place, tensor)`` of the tensors the graph reads (parameters,
+    state) and of the call's inputs.
+
+    Autocast with its cache on (torch's default) casts a parameter at its first use in an
+    autocast region and reuses that cast until the outermost region ends, even after the
+    parameter changed in place; a replay casts at every call. Where the cache may hold a
+    cast of a tensor the graph reads, the capture is refused (as
+    ``torch.cuda.make_graphed_callables`` refuses it). An inference tensor among the inputs
+    where autograd may save it is refused too (eagerly torch refuses it; the graph's buffer
+    is a normal tensor).
+    """
+    mode = Mode(*mode)
+    if mode.grad and any(t.requires_grad for _, t in (*externals, *inputs) if isinstance(t, torch.Tensor)):
+        for place, t in inputs:
+            if isinstance(t, torch.Tensor) and t.is_inference():
+                raise UnsupportedError(
+                    owner,
+                    f"expected a normal tensor at {place} (grad mode: autograd may save it for backward), got an "
+                    "inference tensor (made under torch.inference_mode()), which autograd refuses to save; the "
+                    "graph's buffer would be a normal tensor, and the replay would not refuse it.",
+                    "pass a normal tensor (x.clone() outside inference mode, or make it under torch.no_grad()), "
+                    "or call the wrapper under torch.no_grad() or torch.inference_mode().",
+                )
+    state = mode.autocast
+    if state is None or not state[1]:
+        return
+    devices = {device for device, _ in state[0]}
+    for place, t in (*externals, *inputs):
+        if _cached_by_autocast(t, devices):
+            raise UnsupportedError(
+                owner,
+                f"expected autocast's cast cache off around a captured call, got {describe_autocast(state)} "
+                f"at {place}: autocast casts {place} at its first use in the autocast region and reuses that "
+                "cast until the region ends, even after it changes, while a replay casts it at every call.",
+                "pass cache_enabled=False to torch.autocast (as torch.cuda.make_graphed_callables requires), "
+                "or enter torch.autocast inside the wrapped function.",
+            )

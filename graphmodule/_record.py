@@ -24,8 +24,9 @@ from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
+from ._hooks import refuse as refuse_hooks
 from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
-from ._mode import ModeReader
+from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._paths import describe, leaf_texts
 from ._spec import InputSpec
@@ -51,7 +52,7 @@ class CallRead(NamedTuple):
 def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.device | None) -> CallRead:
     """The layout, leaves and slot values of a call about to be captured; raises what a
     capture cannot take."""
-    layout = Layout.capture(tree, by_key)
+    layout = Layout.capture(tree, by_key, owner, arg_names)
     leaves, objs = layout.leaves(tree)
     texts = leaf_texts(layout.leaf_paths(), arg_names)
     if device is not None:
@@ -138,6 +139,8 @@ def record(
     """
     spec = InputSpec(layout, leaves, mode)
     before = Watch(module)  # what exists before the capture: parameters, state...
+    check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
+    refuse_hooks(owner, before.modules, backward=torch.is_grad_enabled())
     inputs = StaticInputs(layout, leaves)
     grad = torch.is_grad_enabled()
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []
@@ -189,7 +192,9 @@ def record(
         plan=plan,
         out_recipe=out_recipe,
         stride_checked=builder.stride_checked,
-        watch=Watch(module),  # after the capture: what the replays must keep reading
+        # after the capture: what the replays must keep reading (backward hooks where the graph
+        # runs a backward itself; a layer's backward graph watches its own, see _grad)
+        watch=Watch(module, backward_hooks=grad and layer is None),
         runner=runner,
         handle=handle,
         clone=clone,

@@ -85,7 +85,7 @@ def _slot_key(slot: Slot) -> tuple:
         children = tuple(
             (name, child if type(child) is int else node_key(child)) for name, child in node.entries
         )
-        return (node.cls, tuple(node.batch_size), node.names, str(node.device), node.exact, children)
+        return (node.cls, node.tc, tuple(node.batch_size), node.names, str(node.device), node.exact, children)
 
     return (slot.position, slot.cls, slot.exact, node_key(slot.root))
 

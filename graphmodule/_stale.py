@@ -1,252 +1,55 @@
-"""What a graph reads from outside its inputs, and the per-call check that it is unchanged.
+"""The per-call check that what a graph reads from outside its inputs is unchanged.
 
-A graph reads tensors by address and Python values as they were at capture. Found at
-capture, by walking from the wrapped callable:
-
-- modules: every parameter, buffer and tensor attribute (by address) and submodule
-  (by identity), and public Python scalars (``self.scale``, dropout's ``p``) by value;
-- optimizers: param groups' hyperparameters (a scheduler's float ``lr``) by value,
-  tensor hyperparameters and state (``exp_avg``...) by address;
-- functions: closure variables and the globals their code reads, by identity for
-  objects and by value for Python scalars; and everything those lead to, as above.
-
-Each replay checks these with a few C-level passes (``map`` over getters); the slow
+What a graph reads is found at capture (:mod:`._discover`); the hooks of the modules found
+(see :mod:`._hooks`) are watched too: one added or removed since the capture makes the graph
+stale. Each replay checks these with a few C-level passes (``map`` over getters); the slow
 walk that names what changed runs only when that check fails. Where Python has dict
 watchers (CPython 3.12+, see :mod:`._dictwatch`), places in dicts (nearly all of them:
 ``_parameters``, ``__dict__``, optimizer state) are read only after one of those dicts
 changed; lists, closure cells and globals are read at every check, and so are the
 addresses of the tensors (``p.data = ...`` changes no dict).
 
-Not seen: Python values read from objects the walk does not reach (deeper than
-:data:`MAX_DEPTH`, or behind properties), and tensors rebound inside containers the
-walk does not enter. Python state the function *changes* is refused at capture, see
-:class:`PythonEffects`.
+Not seen, besides what discovery does not find: changes that compare equal (``0.0`` to
+``-0.0`` inside a list or dict).
 """
 
 from __future__ import annotations
 
-import dis
-import functools
-import types
 from operator import attrgetter, getitem, is_
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
-from torch import nn
 
 from . import _dictwatch
+from ._discover import MAX_DEPTH, Discovery, PythonEffects, _Cell
+from ._hooks import HookWatch, describe_hook
 from ._spec import same_constant
 
 __all__ = ["Watch", "PythonEffects", "MAX_DEPTH"]
 
-MAX_DEPTH = 4
-_SCALARS = (int, float, bool, str, complex, type(None))
 _data_ptr = torch.Tensor.data_ptr
-_WORTH = (torch.Tensor, nn.Module, torch.optim.Optimizer, TensorDictBase, types.FunctionType,
-          types.MethodType, functools.partial, list, tuple, dict)
 
 
-# Python attributes that a torch module's forward never reads (exact types only: a subclass
-# may read them): watching them would cost every call and protect nothing.
-_UNREAD = {nn.Linear: frozenset({"in_features", "out_features"})}
+class Watch(Discovery):
+    """Everything the graph reads from outside its inputs, found from ``fn`` (see
+    :class:`~graphmodule._discover.Discovery`), and the per-call check that it is unchanged.
+    ``backward_hooks``: watch the modules' backward hooks too (a graph that runs a backward
+    itself)."""
 
-_INTERNAL_PACKAGES = frozenset({"torch", "tensordict", "graphmodule", "functools", "typing", "contextlib"})
-
-
-def _internal(fn: Any) -> bool:
-    """Functions of torch, tensordict and the standard library: not the user's Python state."""
-    module = getattr(fn, "__module__", None) or ""
-    return module.split(".", 1)[0] in _INTERNAL_PACKAGES
-
-
-class _Cell:
-    """A closure cell as a container: ``cell[None]`` is its content."""
-
-    __slots__ = ("cell",)
-
-    def __init__(self, cell: Any):
-        self.cell = cell
-
-    def __getitem__(self, _: Any) -> Any:
-        return self.cell.cell_contents
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set()
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL"):
-            names.add(ins.argval)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-class Watch:
-    """Everything the graph reads from outside its inputs, found from ``fn``.
-
-    Attributes:
-        externals: ``id(t) -> t`` for every tensor found (parameters, state...).
-    """
-
-    def __init__(self, fn: Any):
-        self.externals: dict[int, torch.Tensor] = {}
-        self._t: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, ptrs, labels
-        self._o: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, objects, labels
-        self._v: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, values, labels
-        self._tensors: list[torch.Tensor] = []  # the tensor at each watched place, at capture
-        self._seen: set[int] = set()
-        self._instance_dicts: set[int] = set()  # objects' __dict__s (watchable where probed so)
-        self._globals: set[int] = set()  # modules' globals: scripts rebind them all the time
+    def __init__(self, fn: Any, backward_hooks: bool = False):
+        super().__init__(fn)
         self._flag: _dictwatch.Flag | None = None  # dict places verified since the flag went down
-        self.functions: list[tuple[Callable, str]] = []
-        self.modules: list[tuple[nn.Module, str]] = []
-        self._visit(fn, "module" if isinstance(fn, nn.Module) else "the wrapped callable", 0)
-        self.known = frozenset(self._seen)  # objects that exist outside the call
-        self.freeze()
-
-    # -- discovery (at capture) ------------------------------------------------------------
-    def _bind(self, container: Any, key: Any, value: Any, label: str, depth: int) -> None:
-        """Watch ``container[key]`` (now ``value``), then what ``value`` leads to."""
-        if isinstance(value, torch.Tensor):
-            self.externals[id(value)] = value
-            for lst, item in zip(self._t, (container, key, _data_ptr(value), label)):
-                lst.append(item)
-            self._tensors.append(value)
-        elif isinstance(value, _SCALARS):
-            for lst, item in zip(self._v, (container, key, value, label)):
-                lst.append(item)
-        else:
-            for lst, item in zip(self._o, (container, key, value, label)):
-                lst.append(item)
-            self._visit(value, label, depth + 1)
-
-    def _visit(self, obj: Any, label: str, depth: int) -> None:
-        if depth > MAX_DEPTH or id(obj) in self._seen or isinstance(obj, (type, types.ModuleType)):
-            return
-        self._seen.add(id(obj))
-        if isinstance(obj, nn.Module):
-            self._module(obj, label, depth)
-        elif isinstance(obj, torch.optim.Optimizer):
-            self._optimizer(obj, label, depth)
-        elif isinstance(obj, TensorDictBase):
-            self._tensordict(obj, label, depth)
-        elif isinstance(obj, functools.partial):
-            self._visit(obj.func, label, depth)
-            for i, arg in enumerate(obj.args):
-                self._bind(obj.args, i, arg, f"{label} argument {i}", depth)
-            for name, arg in obj.keywords.items():
-                self._bind(obj.keywords, name, arg, f"{label} argument {name!r}", depth)
-        elif isinstance(obj, types.MethodType):
-            self._visit(obj.__self__, label, depth)
-            self._visit(obj.__func__, label, depth)
-        elif isinstance(obj, types.FunctionType):
-            self._function(obj, depth)
-        elif isinstance(obj, (list, tuple)):
-            for i, item in enumerate(obj):
-                if not isinstance(item, _SCALARS):
-                    self._bind(obj, i, item, f"{label}[{i}]", depth)
-        elif isinstance(obj, dict):
-            for key, item in list(obj.items()):
-                if not isinstance(item, _SCALARS):
-                    self._bind(obj, key, item, f"{label}[{key!r}]", depth)
-        elif hasattr(obj, "__dict__") and not callable(getattr(obj, "__get__", None)):
-            inner = getattr(obj, "_torchdynamo_orig_callable", None) or getattr(obj, "__wrapped__", None)
-            if inner is not None:
-                self._visit(inner, label, depth)
-            # Python scalars of arbitrary objects are not watched: counters on an object the
-            # function merely mentions would make every call stale.
-            attrs = vars(obj)
-            self._instance_dicts.add(id(attrs))
-            for name, value in list(attrs.items()):
-                if not name.startswith("__") and isinstance(value, _WORTH):
-                    self._bind(attrs, name, value, f"{label}.{name}", depth)
-
-    def _function(self, fn: types.FunctionType, depth: int) -> None:
-        wrapped = getattr(fn, "__wrapped__", None) or getattr(fn, "_torchdynamo_orig_callable", None)
-        if _internal(fn):  # torch's own wrappers (torch.compile's): only what they wrap is user code
-            if wrapped is not None:
-                self._visit(wrapped, getattr(wrapped, "__qualname__", "the wrapped function"), depth)
-            return
-        name = getattr(fn, "__qualname__", fn.__name__)
-        self.functions.append((fn, name))
-        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell (a name assigned later)
-                continue
-            self._bind(_Cell(cell), None, value, f"closure variable {var!r} of {name}", depth)
-        globs = fn.__globals__
-        self._globals.add(id(globs))
-        for var in sorted(_global_names(fn.__code__)):
-            if var in globs and not isinstance(globs[var], (types.ModuleType, type)):
-                self._bind(globs, var, globs[var], f"global {var!r} read by {name}", depth)
-        for i, value in enumerate(fn.__defaults__ or ()):
-            if not isinstance(value, _SCALARS):
-                self._visit(value, f"default argument {i} of {name}", depth + 1)
-        if wrapped is not None:
-            self._visit(wrapped, name, depth)
-
-    def _module(self, module: nn.Module, label: str, depth: int) -> None:
-        for path, m in module.named_modules(remove_duplicate=True):
-            where = f"{label}.{path}" if path else label
-            if id(m) in self._seen and m is not module:
-                continue
-            self.modules.append((m, where))
-            for kind in ("_parameters", "_buffers"):
-                for name, t in m.__dict__[kind].items():
-                    if t is not None:
-                        self._bind(m.__dict__[kind], name, t, f"{where}.{name}", depth)
-            for name, child in m.__dict__["_modules"].items():
-                for lst, item in zip(self._o, (m.__dict__["_modules"], name, child, f"{where}.{name}")):
+        # the modules' hooks (backward ones where a backward inside the graph runs them): the
+        # hooks present (pure ones, see _hooks) by identity, and one place that moves when any
+        # hook is registered
+        self.backward_hooks = backward_hooks
+        self.hooks = HookWatch(self.modules, backward_hooks)
+        for d, captured in zip(self.hooks.dicts, self.hooks.captured):
+            for key, hook in captured.items():
+                for lst, item in zip(self._o, (d.hooks, key, hook, f"{d.where}: {describe_hook(d, hook)}")):
                     lst.append(item)
-            attrs = m.__dict__
-            self._instance_dicts.add(id(attrs))
-            unread = _UNREAD.get(type(m), ())
-            for name, value in list(attrs.items()):
-                if name.startswith("_") or name == "training" or name in unread:
-                    continue
-                if isinstance(value, (torch.Tensor, *_SCALARS)):
-                    self._bind(attrs, name, value, f"{where}.{name}", depth)
-                elif callable(value) or isinstance(value, (torch.optim.Optimizer, TensorDictBase)):
-                    self._bind(attrs, name, value, f"{where}.{name}", depth)
-            self._seen.add(id(m))
-
-    def _optimizer(self, opt: torch.optim.Optimizer, label: str, depth: int) -> None:
-        label = f"{label} ({type(opt).__name__})"
-        attrs = opt.__dict__
-        self._instance_dicts.add(id(attrs))
-        for lst, item in zip(self._o, (attrs, "param_groups", opt.param_groups, f"{label}.param_groups")):
-            lst.append(item)
-        for lst, item in zip(self._o, (attrs, "state", opt.state, f"{label}.state")):
-            lst.append(item)
-        for g, group in enumerate(opt.param_groups):
-            for lst, item in zip(self._o, (opt.param_groups, g, group, f"{label}.param_groups[{g}]")):
-                lst.append(item)
-            for key, value in group.items():
-                where = f"{label}.param_groups[{g}][{key!r}]"
-                if key == "params":
-                    for i, p in enumerate(value):
-                        self._bind(value, i, p, f"{where}[{i}]", depth)
-                        state = opt.state.get(p)
-                        if state is not None:
-                            # (opt.state is watched by identity: load_state_dict replaces it)
-                            for skey, svalue in state.items():
-                                if isinstance(svalue, torch.Tensor):
-                                    self._bind(state, skey, svalue, f"{label}.state[param {i}][{skey!r}]", depth)
-                elif isinstance(value, (torch.Tensor, *_SCALARS)):
-                    self._bind(group, key, value, where, depth)
-                elif isinstance(value, tuple) and all(isinstance(v, _SCALARS) for v in value):
-                    for lst, item in zip(self._v, (group, key, value, where)):
-                        lst.append(item)
-
-    def _tensordict(self, td: TensorDictBase, label: str, depth: int) -> None:
-        if type(td) is not TensorDict:
-            return
-        for name, value in td._tensordict.items():
-            if isinstance(value, (torch.Tensor, TensorDictBase)):
-                self._bind(td._tensordict, name, value, f"{label}[{name!r}]", depth)
+        self._h = ([self.hooks.place[0]], [self.hooks.place[1]], [getitem(*self.hooks.place)], ["hooks"])
+        self.freeze()
 
     # -- the per-call check ----------------------------------------------------------------
     def check(self) -> bool:
@@ -307,11 +110,14 @@ class Watch:
             if kind == "value":
                 if not same_constant(now[i], objects[i]):
                     return False
+            elif kind == "hooks":  # a hook registered somewhere: on these modules?
+                if not self.hooks.same():
+                    return False
             elif not isinstance(now[i], torch.Tensor) or _facts(now[i]) != facts[kind]:
                 return False
         for i in changed:
             objects[i] = now[i]
-            if kinds[i] not in (None, "value"):
+            if kinds[i] not in (None, "value", "hooks"):
                 self._adopt_tensor(kinds[i], now[i])
         n = len(self._containers)
         self._place_objects, self._cell_objects = objects[:n], objects[n:]
@@ -339,6 +145,7 @@ class Watch:
         tensors = [(c, k, obj, i) for i, (c, k, obj) in enumerate(zip(self._t[0], self._t[1], self._tensors))]
         objects = [(c, k, obj, None) for c, k, obj in zip(*self._o[:3])]
         values = [(c, k, value, "value") for c, k, value in zip(*self._v[:3])]
+        values += [(c, k, value, "hooks") for c, k, value in zip(*self._h[:3])]
         places = [p for p in tensors + objects + values if not isinstance(p[0], _Cell)]
         cells = [p for p in tensors + objects + values if isinstance(p[0], _Cell)]
         # the places the check reads at every call first (lists, globals, ...); then those it
@@ -383,7 +190,7 @@ class Watch:
                 what = what_changed(now, captured, *extra)
                 if what:
                     out.append((label, what))
-        return out
+        return out + self.hooks.changes()
 
 
 _contents = attrgetter("cell_contents")
@@ -418,75 +225,3 @@ def _object_change(now: Any, obj: Any) -> str | None:
 
 def _value_change(now: Any, value: Any) -> str | None:
     return None if same_constant(now, value) else f"{value!r} at capture, {now!r} now (the graph uses {value!r})"
-
-
-def _shallow(value: Any) -> Any:
-    if isinstance(value, (list, dict, set)):
-        return (type(value), list(value.items()) if isinstance(value, dict) else list(value))
-    return None
-
-
-class PythonEffects:
-    """Python state the function changes: closure variables and the globals it writes or reads.
-
-    A replay runs no Python, so ``nonlocal step; step += 1`` or ``losses.append(...)`` in
-    the function would happen once, at capture, instead of at every call. Snapshot
-    before the capture, :meth:`changes` after it.
-    """
-
-    def __init__(self, functions: list[tuple[Callable, str]]):
-        self.before: list[tuple[Any, Any, str, Any, Any]] = []
-        for fn, name in functions:
-            for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-                value = cell.cell_contents if _filled(cell) else _EMPTY
-                self.before.append((_Cell(cell), None, f"closure variable {var!r} of {name}", value, _shallow(value)))
-            globs = fn.__globals__
-            for var in _global_names(fn.__code__):
-                value = globs.get(var, _EMPTY)
-                if not isinstance(value, (types.ModuleType, type)):
-                    self.before.append((globs, var, f"global {var!r} of {name}", value, _shallow(value)))
-
-    def changes(self) -> list[str]:
-        out = []
-        for container, key, label, value, shallow in self.before:
-            try:
-                now = getitem(container, key)
-            except (KeyError, ValueError):
-                now = _EMPTY
-            if now is not value and not (isinstance(now, _SCALARS) and same_constant(now, value)):
-                out.append(f"{label} was rebound ({_show(value)} → {_show(now)})")
-            elif shallow is not None and _shallow(now) is not None and not _same_shallow(shallow, _shallow(now)):
-                out.append(f"{label} ({type(value).__name__}) was modified in place")
-        return out
-
-
-def _same_shallow(a: Any, b: Any) -> bool:
-    (ta, ia), (tb, ib) = a, b
-    if ta is not tb or len(ia) != len(ib):
-        return False
-    for x, y in zip(ia, ib):
-        if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == 2 and ta is dict:
-            if x[0] != y[0] or x[1] is not y[1]:
-                return False
-        elif x is not y:
-            return False
-    return True
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
-
-
-_EMPTY = object()
-
-
-def _show(value: Any) -> str:
-    if value is _EMPTY:
-        return "unset"
-    if isinstance(value, _SCALARS):
-        return repr(value)
-    return f"a {type(value).__name__}"

@@ -4,7 +4,9 @@ Containers (tuples, lists, dicts, namedtuples, ``None``) are flattened by optree
 graphmodule's own namespace, where dicts keep their insertion order: a function that
 iterates a dict sees its order, so a dict whose order changes is another structure.
 
-TensorDicts and tensorclasses are optree leaves; each becomes a *slot*, read by key:
+TensorDicts and tensorclasses are optree leaves; each becomes a *slot*, read by key
+(a tensorclass held in a TensorDict is a nested level, read through its own TensorDict,
+as tensordict's ``keys(include_nested=True)`` lists its fields):
 
 - exact (an argument of a plain function): the same keys in the same order and the
   same batch size at every nested level;
@@ -19,13 +21,14 @@ mismatches are written by ``_explain``, never here.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import optree
 import torch
-from tensordict import NonTensorData, TensorDict, TensorDictBase, is_tensorclass
+from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict, TensorDictBase, is_tensorclass
 
-from ._paths import NestedKey, as_key
+from ._errors import UnsupportedError
+from ._paths import NestedKey, as_key, format_key, format_path
 
 NAMESPACE = "graphmodule"
 MISSING = object()  # a key absent from a TensorDict
@@ -64,6 +67,26 @@ def _is_node(value: Any) -> bool:
     return isinstance(value, TensorDictBase) and not _is_non_tensor(value)
 
 
+def node_td(value: Any) -> TensorDictBase | None:
+    """The TensorDict a nested entry is read as: a TensorDict, or a tensorclass's own;
+    ``None`` for a leaf."""
+    if _is_node(value):
+        return value
+    if is_tensorclass(value) and not _is_non_tensor(value):
+        return value._tensordict
+    return None
+
+
+def child_td(child: "Node", value: Any) -> TensorDictBase | None:
+    """``value`` read as the nested level ``child`` was captured as (a TensorDict, or a
+    tensorclass of the captured class and non-tensor fields); ``None`` where it is not one."""
+    if child.tc is None:
+        return value if _is_node(value) else None
+    if type(value) is not child.tc or dict(value._non_tensordict) != child.tc_extra:
+        return None
+    return value._tensordict
+
+
 class Node:
     """One TensorDict level of a slot, as captured.
 
@@ -72,9 +95,12 @@ class Node:
     exactly these names, in this order.
     """
 
-    __slots__ = ("cls", "batch_size", "names", "device", "entries", "keys", "exact", "flat", "dense")
+    __slots__ = ("cls", "batch_size", "names", "device", "entries", "keys", "exact", "flat", "dense", "tc", "tc_extra")
 
-    def __init__(self, td: TensorDictBase, entries: list, exact: bool):
+    def __init__(self, td: TensorDictBase, entries: list, exact: bool, tc: Any = None):
+        # a tensorclass held in a TensorDict: its class and non-tensor fields (``td`` is its own TensorDict)
+        self.tc = type(tc) if tc is not None else None
+        self.tc_extra = dict(tc._non_tensordict) if tc is not None else None
         self.cls = type(td)
         self.batch_size = td.batch_size
         self.names = tuple(td.names) if td._has_names() else None
@@ -83,7 +109,7 @@ class Node:
         self.keys = tuple(name for name, _ in entries)
         self.exact = exact
         self.flat = all(type(child) is int for _, child in entries)
-        self.dense = type(td) is TensorDict and all(
+        self.dense = type(td) is TensorDict and tc is None and all(
             type(child) is int or child.dense for _, child in entries
         )
 
@@ -97,20 +123,65 @@ class Node:
         return out
 
 
-def _build_node(td: TensorDictBase, want: dict | None, counter: list, leaves: list) -> Node:
-    """The node of ``td``; ``want`` maps names to sub-wants (``None``: everything, exactly)."""
+class _Refused(Exception):
+    """An :class:`Unreadable` entry, with the optree path of its slot."""
+
+
+class Unreadable(Exception):
+    """An entry a TensorDict cannot hand out whole: a lazily stacked TensorDict's tensors of
+    several shapes under one key (a graph's buffer has one shape)."""
+
+    def __init__(self, key: NestedKey, shapes: list):
+        super().__init__(key, shapes)
+        self.key, self.shapes = key, shapes
+
+
+def _get(td: TensorDictBase, name: str, key: NestedKey) -> Any:
+    """``td``'s entry ``name``, at ``key`` in its slot; raises :class:`Unreadable`."""
+    try:
+        return td.get(name)
+    except RuntimeError as err:
+        if not isinstance(td, LazyStackedTensorDict):
+            raise
+        try:
+            shapes = [tuple(t.shape) for t in td.get(name, as_list=True)]
+        except Exception:  # noqa: BLE001 - the shapes are for the message only
+            shapes = []
+        raise Unreadable(key, shapes) from err
+
+
+def nested_entries(td: TensorDictBase) -> list[tuple[str, Any]]:
+    """``(name, value)`` of ``td``'s nested levels (TensorDicts, tensorclasses); an entry that
+    cannot be read whole (tensors of several shapes in a lazy stack) is a leaf, skipped."""
+    out = []
+    for name in td.keys():
+        try:
+            value = td.get(name)
+        except RuntimeError:
+            continue
+        if node_td(value) is not None:
+            out.append((name, value))
+    return out
+
+
+def _build_node(td: TensorDictBase, want: dict | None, counter: list, leaves: list, tc: Any = None,
+                prefix: NestedKey = ()) -> Node:
+    """The node of ``td`` (of tensorclass ``tc``'s, if given); ``want`` maps names to sub-wants
+    (``None``: everything, exactly)."""
     entries = []
     names = td.keys() if want is None else [n for n in td.keys() if n in want]
     for name in names:
-        value = td.get(name)
+        value = _get(td, name, prefix + (name,))
         sub_want = None if want is None else want[name]
-        if _is_node(value):
-            entries.append((name, _build_node(value, sub_want, counter, leaves)))
+        inner = node_td(value)
+        if inner is not None:
+            entries.append((name, _build_node(inner, sub_want, counter, leaves, value if inner is not value else None,
+                                              prefix + (name,))))
         else:
             entries.append((name, counter[0]))
             counter[0] += 1
             leaves.append(td[name] if _is_non_tensor(value) else value)
-    return Node(td, entries, exact=want is None)
+    return Node(td, entries, exact=want is None, tc=tc)
 
 
 def _key_tree(keys: list[NestedKey]) -> dict:
@@ -131,11 +202,12 @@ def _key_tree(keys: list[NestedKey]) -> dict:
 def _missing(td: TensorDictBase, want: dict, prefix: NestedKey = ()) -> list[NestedKey]:
     out = []
     for name, sub in want.items():
-        value = td.get(name, MISSING)
+        value = _get(td, name, prefix + (name,)) if name in td.keys() else MISSING
         if value is MISSING:
             out.append(prefix + (name,))
         elif sub is not None:
-            out += _missing(value, sub, prefix + (name,)) if _is_node(value) else [prefix + (name,)]
+            inner = node_td(value)
+            out += _missing(inner, sub, prefix + (name,)) if inner is not None else [prefix + (name,)]
     return out
 
 
@@ -227,9 +299,9 @@ def _read_any(node: Node, td: TensorDictBase, out: list) -> bool:
             return False
         if type(child) is int:
             out.append(td[name] if _is_non_tensor(value) else value)
-        elif not _is_node(value) or value.batch_size != child.batch_size:
-            return False
-        elif not _read_any(child, value, out):
+            continue
+        inner = child_td(child, value)
+        if inner is None or inner.batch_size != child.batch_size or not _read_any(child, inner, out):
             return False
     return True
 
@@ -249,9 +321,28 @@ class Layout:
         self.slot_at = {slot.position: slot for slot in slots}
 
     @classmethod
-    def capture(cls, tree: Any, by_key: dict[tuple, list[NestedKey] | None]) -> "Layout":
+    def capture(cls, tree: Any, by_key: dict[tuple, list[NestedKey] | None], owner: str = "CudaGraphModule",
+                arg_names: Sequence[str] = ()) -> "Layout":
         """The layout of ``tree``. ``by_key`` maps the optree path of a TensorDict to the
-        keys read from it (``None``: every key it has now); other TensorDicts are exact."""
+        keys read from it (``None``: every key it has now); other TensorDicts are exact.
+        Raises :class:`UnsupportedError` (for ``owner``) for an entry a graph cannot take."""
+        try:
+            return cls._capture(tree, by_key)
+        except _Refused as refused:
+            err = refused.args[0]
+            shapes = " and ".join(map(str, err.shapes)) or "several shapes"
+            place = f"{format_path(refused.args[1], arg_names)}[{format_key(err.key)}]"
+            raise UnsupportedError(
+                owner,
+                f"expected one shape per entry, got a LazyStackedTensorDict whose entry {place} has shapes {shapes}: "
+                "a graph copies each input into a buffer of one shape.",
+                "pass the stacked TensorDicts as a list (td.tensordicts, or list(td.unbind(td.stack_dim))), each "
+                "of its own shapes, or pad the entry to one shape (td.get(key, as_padded_tensor=True)); a "
+                "TensorDict module reads only its in_keys, which may stack while other entries do not.",
+            ) from None
+
+    @classmethod
+    def _capture(cls, tree: Any, by_key: dict[tuple, list[NestedKey] | None]) -> "Layout":
         paths, outer, treespec = flatten_with_path(tree)
         slots = []
         for position, (path, leaf) in enumerate(zip(paths, outer)):
@@ -263,7 +354,10 @@ class Layout:
                 elif keys is None:
                     keys = [as_key(k) for k in leaf.keys(include_nested=True, leaves_only=True)]
                     keys = keys or []
-                slots.append(Slot(position, path, leaf, keys))
+                try:
+                    slots.append(Slot(position, path, leaf, keys))
+                except Unreadable as err:
+                    raise _Refused(err, path) from None
         return cls(treespec, tuple(slots), [tuple(p) for p in paths], outer)
 
     def leaves(self, tree: Any) -> tuple[list, dict[int, Any]] | None:
@@ -331,7 +425,9 @@ def build_td(node: Node, values: list) -> TensorDict:
     source = {}
     for name, child in node.entries:
         if type(child) is not int:
-            source[name] = build_td(child, values)
+            inner = build_td(child, values)
+            source[name] = inner if child.tc is None else child.tc._from_tensordict(inner, non_tensordict=dict(
+                child.tc_extra))
         elif isinstance(values[child], torch.Tensor):
             source[name] = values[child]
         else:  # a non-tensor entry, handed to the function as tensordict stores it

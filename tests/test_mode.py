@@ -1,5 +1,6 @@
-"""Modes a graph bakes in (grad mode, train/eval, interaction type), and graphs per signature."""
+"""Modes a graph bakes in (grad mode, train/eval, interaction type, autocast), and graphs per signature."""
 
+import contextlib
 import threading
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from tensordict.nn import InteractionType, set_interaction_type
 from torch import nn
 
-from graphmodule import CudaGraphModule, InputMismatchError
+from graphmodule import CudaGraphModule, InputMismatchError, UnsupportedError
 from graphmodule import _dictwatch
 from graphmodule._mode import ModeReader
 
@@ -28,7 +29,7 @@ class TestModes:
         with pytest.raises(InputMismatchError) as info:
             g(X)
         assert [m.describe() for m in info.value.mismatches] == [
-            "torch.is_grad_enabled(): expected grad_mode disabled (torch.no_grad() or inference_mode), got enabled"
+            "torch.is_grad_enabled(): expected grad_mode disabled (torch.no_grad()), got enabled"
         ]
 
     def test_a_submodule_switched_to_eval(self):
@@ -174,3 +175,225 @@ class TestThreads:
         for t in threads:
             t.join()
         assert errors == []
+
+
+def _autocast(cache_enabled=True):
+    """torch.autocast on the device tensors land on (CUDA under graph_backend="cuda")."""
+    device = torch.get_default_device().type
+    dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    return torch.autocast(device, dtype=dtype, cache_enabled=cache_enabled)
+
+
+def _autocast_text(cache_enabled):
+    device = torch.get_default_device().type
+    dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    return f"torch.autocast({device!r}, dtype={dtype}, cache_enabled={cache_enabled})"
+
+
+class TestAutocast:
+    """torch.autocast decides each op's dtype when the op is recorded: part of the mode."""
+
+    def _captured(self, fn, backend, autocast=None, **options):
+        g = CudaGraphModule(fn, warmup=1, backend=backend, **options)
+        with torch.no_grad(), (autocast if autocast is not None else contextlib.nullcontext()):
+            for _ in range(3):
+                g(X)
+        return g
+
+    def test_called_under_autocast_after_a_capture_without(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = self._captured(net, graph_backend)
+        with torch.no_grad(), _autocast(cache_enabled=False), pytest.raises(InputMismatchError) as info:
+            g(X)
+        assert str(info.value) == (
+            "CudaGraphModule(Linear) was captured with other inputs than this call's (1 mismatch):\n"
+            f"  torch.autocast: expected autocast off, got {_autocast_text(False)}\n"
+            "To fix: autocast decides each op's dtype when the graph is captured, so the graph replays the "
+            "dtypes it captured: call it under the captured autocast state (the same torch.autocast(...) "
+            "around every call), or pass max_graphs=2 to keep one graph per state."
+        )
+
+    def test_called_without_autocast_after_a_capture_under_it(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = self._captured(net, graph_backend, _autocast(cache_enabled=False))
+        with torch.no_grad(), pytest.raises(InputMismatchError) as info:
+            g(X)
+        assert [m.describe() for m in info.value.mismatches] == [
+            f"torch.autocast: expected autocast {_autocast_text(False)}, got off"
+        ]
+
+    def test_one_graph_per_autocast_state_with_max_graphs(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend, max_graphs=2)
+        with torch.no_grad():
+            for step in range(8):
+                autocast = _autocast(cache_enabled=False) if step % 4 < 2 else contextlib.nullcontext()
+                x = torch.full((2, 3), float(step))
+                with autocast:
+                    out, expected = g(x), net(x)
+                assert out.dtype == expected.dtype
+                torch.testing.assert_close(out, expected)
+        assert g.stats.captures == 2 and g.stats.graphs == 2
+
+    def test_the_cast_cache_on_is_refused_at_capture(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.no_grad(), _autocast(cache_enabled=True):
+            g(X)
+            with pytest.raises(UnsupportedError) as info:
+                g(X)
+        assert str(info.value) == (
+            "CudaGraphModule(Linear) cannot replay this call as a CUDA graph: expected autocast's cast cache "
+            f"off around a captured call, got {_autocast_text(True)} at module.weight: autocast casts "
+            "module.weight at its first use in the autocast region and reuses that cast until the region ends, "
+            "even after it changes, while a replay casts it at every call.\n"
+            "To fix: pass cache_enabled=False to torch.autocast (as torch.cuda.make_graphed_callables requires), "
+            "or enter torch.autocast inside the wrapped function."
+        )
+        with torch.no_grad(), _autocast(cache_enabled=False):  # left as if the call had not been made
+            torch.testing.assert_close(g(X), net(X))
+        assert g.stats.captures == 1
+
+    def test_the_cast_cache_is_harmless_where_it_holds_nothing_the_graph_reads(self, graph_backend):
+        w = torch.randn(3, 3)  # not a leaf that requires grad: autocast does not cache its cast
+        g = self._captured(lambda x: x @ w, graph_backend, _autocast(cache_enabled=True))
+        with torch.no_grad(), _autocast(cache_enabled=True):
+            out = g(X)
+            assert out.dtype == (X @ w).dtype and torch.equal(out, X @ w)
+        assert g.stats.captures == 1
+
+    def test_autocast_inside_the_function_is_captured(self, graph_backend):
+        net = nn.Linear(3, 3)
+
+        def fn(x):
+            with _autocast(cache_enabled=True):
+                return net(x)
+
+        g = self._captured(fn, graph_backend)
+        with torch.no_grad():
+            torch.testing.assert_close(g(X + 1), fn(X + 1))
+            assert g(X).dtype == fn(X).dtype != torch.float32
+
+
+class TestInferenceMode:
+    """torch.inference_mode() makes inference tensors, which only inference mode may write:
+    part of the mode, as grad mode is."""
+
+    @pytest.mark.parametrize("hold", [False, True])
+    def test_captured_under_inference_mode_called_under_no_grad(self, graph_backend, hold):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.inference_mode():
+            held = [g(X) for _ in range(3)]
+        if not hold:
+            held.clear()
+        with torch.no_grad(), pytest.raises(InputMismatchError) as info:
+            g(X)
+        assert str(info.value) == (
+            "CudaGraphModule(Linear) was captured with other inputs than this call's (1 mismatch):\n"
+            "  torch.is_inference_mode_enabled(): expected grad_mode inference_mode (torch.inference_mode()), "
+            "got disabled (torch.no_grad())\n"
+            "To fix: the graph was captured under another grad mode, which decides whether its outputs track "
+            "gradients (and under torch.inference_mode(), whether they are inference tensors): call it the same "
+            "way (e.g. always under torch.no_grad()), or pass max_graphs=2 to keep one graph per mode."
+        )
+
+    def test_captured_under_no_grad_called_under_inference_mode_with_a_result_held(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.no_grad():
+            held = [g(X) for _ in range(3)]
+        with torch.inference_mode(), pytest.raises(InputMismatchError) as info:
+            g(X)
+        assert [m.describe() for m in info.value.mismatches] == [
+            "torch.is_inference_mode_enabled(): expected grad_mode disabled (torch.no_grad()), got inference_mode "
+            "(torch.inference_mode())"
+        ]
+        torch.testing.assert_close(held[-1], net(X))
+
+    def test_one_graph_per_mode_with_results_held(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend, max_graphs=2)
+        held, expected = [], []
+        for step in range(10):
+            mode = torch.inference_mode if step % 4 < 2 else torch.no_grad
+            x = torch.full((2, 3), float(step))
+            with mode():
+                out = g(x)
+                assert out.is_inference() == net(x).is_inference()
+            held.append(out)
+            with torch.no_grad():
+                expected.append(net(x))
+        for out, want in zip(held, expected):
+            torch.testing.assert_close(out, want)
+        assert g.stats.captures == 2 and g.stats.graphs == 2
+
+    def test_an_inference_tensor_the_function_writes_into(self, graph_backend):
+        def f(x):
+            x.add_(1)
+            return x * 2
+
+        g = CudaGraphModule(f, warmup=1, backend=graph_backend)
+        with torch.no_grad():
+            for _ in range(3):
+                g(torch.ones(2))
+            with torch.inference_mode():
+                x = torch.ones(2)
+            replays = g.stats.replays
+            with pytest.raises(InputMismatchError) as info:
+                g(x)
+        assert str(info.value) == (
+            "CudaGraphModule(f) was captured with other inputs than this call's (1 mismatch):\n"
+            "  args[0]: expected a normal tensor (the function writes into it), got an inference tensor (made "
+            "under torch.inference_mode())\n"
+            "To fix: torch lets only inference mode write an inference tensor (one made under "
+            "torch.inference_mode()), and autograd refuses to save one for backward: pass a normal tensor "
+            "(x.clone() outside inference mode, or make it under torch.no_grad()), or call the wrapper under "
+            "torch.inference_mode() (with max_graphs=2, a graph of its own)."
+        )
+        assert g.stats.replays == replays and torch.equal(x, torch.ones(2))
+
+    def test_an_inference_tensor_given_to_a_layer(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        for _ in range(3):
+            g(X).sum().backward()
+        with torch.inference_mode():
+            x = X.clone()
+        with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+            net(x)  # eagerly
+        with pytest.raises(InputMismatchError) as info:
+            g(x)
+        assert [m.describe() for m in info.value.mismatches] == [
+            "args[0]: expected a normal tensor (autograd may save it for backward), got an inference tensor "
+            "(made under torch.inference_mode())"
+        ]
+
+    def test_an_inference_tensor_given_to_a_capture_in_grad_mode(self, graph_backend):
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        g(X)
+        with torch.inference_mode():
+            x = X.clone()
+        with pytest.raises(UnsupportedError) as info:
+            g(x)
+        assert str(info.value) == (
+            "CudaGraphModule(Linear) cannot replay this call as a CUDA graph: expected a normal tensor at args[0] "
+            "(grad mode: autograd may save it for backward), got an inference tensor (made under "
+            "torch.inference_mode()), which autograd refuses to save; the graph's buffer would be a normal tensor, "
+            "and the replay would not refuse it.\n"
+            "To fix: pass a normal tensor (x.clone() outside inference mode, or make it under torch.no_grad()), or "
+            "call the wrapper under torch.no_grad() or torch.inference_mode()."
+        )
+        torch.testing.assert_close(g(X), net(X))  # left as if the call had not been made
+        assert g.stats.captures == 1
+
+    def test_an_input_read_in_inference_mode_is_not_written_back(self, graph_backend):
+        # a buffer made in inference mode has no version counter: only its bytes tell a write
+        net = nn.Linear(3, 3)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        x = X.clone()
+        with torch.inference_mode():
+            for _ in range(4):
+                torch.testing.assert_close(g(x), net(x))
+        assert x._version == 0  # eagerly nothing writes into it

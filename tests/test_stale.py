@@ -365,3 +365,158 @@ class TestDictWatchers:
         assert w.check()
         net.note = "a change to a watched dict"
         assert not w.check()
+
+
+CFG = {"tau": 0.5, "explore": True, "optim": {"lr": 0.1}}
+SCALES = [2.0]
+
+
+def _uses_cfg(x):
+    y = x * CFG["tau"] + CFG["optim"]["lr"]
+    return y + 1 if CFG["explore"] else y - 1
+
+
+def _uses_last(x):
+    return x * SCALES[-1]
+
+
+class TestContainers:
+    """Python scalars inside lists and dicts a function reads are baked into the graph."""
+
+    @pytest.fixture(autouse=True)
+    def _restore(self):
+        saved_cfg, saved_scales = {**CFG, "optim": dict(CFG["optim"])}, list(SCALES)
+        yield
+        CFG.clear()
+        CFG.update(saved_cfg)
+        SCALES[:] = saved_scales
+
+    def _captured(self, fn, backend="simulate", **options):
+        g = CudaGraphModule(fn, warmup=1, backend=backend, **options)
+        for _ in range(3):
+            g(X)
+        return g
+
+    def test_a_scalar_in_a_dict(self, graph_backend):
+        g = self._captured(_uses_cfg, graph_backend)
+        CFG["tau"] = 0.7
+        with pytest.raises(StaleGraphError) as info:
+            g(X)
+        assert str(info.value).splitlines()[:2] == [
+            "CudaGraphModule(_uses_cfg) was captured reading state that has changed since:",
+            "  global 'CFG' read by _uses_cfg: {'explore': True, 'tau': 0.5} at capture, {'explore': True, 'tau': "
+            "0.7} now (the graph uses {'explore': True, 'tau': 0.5})",
+        ]
+
+    def test_a_scalar_in_a_list(self, graph_backend):
+        g = self._captured(_uses_last, graph_backend)
+        SCALES[0] = 3.0
+        with pytest.raises(StaleGraphError) as info:
+            g(X)
+        assert str(info.value).splitlines()[1] == (
+            "  global 'SCALES' read by _uses_last: [2.0] at capture, [3.0] now (the graph uses [2.0])")
+
+    def test_a_list_that_grew(self):
+        g = self._captured(_uses_last)
+        SCALES.append(5.0)  # the function reads SCALES[-1]
+        with pytest.raises(StaleGraphError) as info:
+            g(X)
+        assert str(info.value).splitlines()[1] == (
+            "  global 'SCALES' read by _uses_last: [2.0] at capture, [2.0, 5.0] now (the graph uses [2.0])")
+
+    def test_a_scalar_in_a_nested_dict(self):
+        g = self._captured(_uses_cfg)
+        CFG["optim"]["lr"] = 0.2
+        with pytest.raises(StaleGraphError) as info:
+            g(X)
+        assert str(info.value).splitlines()[1] == (
+            "  global 'CFG' read by _uses_cfg['optim']: {'lr': 0.1} at capture, {'lr': 0.2} now (the graph uses "
+            "{'lr': 0.1})")
+
+    def test_a_branch_on_a_flag_changed_every_step_is_recaptured(self, graph_backend):
+        g = self._captured(_uses_cfg, graph_backend, on_stale="recapture")
+        for step in range(6):
+            CFG["explore"] = step % 2 == 0
+            torch.testing.assert_close(g(X), _uses_cfg(X))
+        assert g.stats.recaptures > 0
+
+    def test_an_equal_value_rebound_is_fine(self):
+        g = self._captured(_uses_cfg)
+        CFG["tau"] = float("0.5")  # another object, the same value
+        SCALES[0] = float("2.0")
+        replays = g.stats.replays
+        torch.testing.assert_close(g(X), _uses_cfg(X))
+        assert g.stats.replays == replays + 1
+
+    def test_a_log_on_an_object_the_function_mentions_is_not_watched(self):
+        class Agent:
+            def __init__(self):
+                self.net = nn.Linear(3, 3)
+                self.stats = {"calls": 0}  # written by the training loop, never read by act
+
+            def act(self, x):
+                return self.net(x)
+
+        agent = Agent()
+        g = CudaGraphModule(agent.act, warmup=1, backend="simulate")
+        with torch.no_grad():
+            for step in range(5):
+                agent.stats["calls"] = step
+                torch.testing.assert_close(g(X), agent.net(X))
+        assert g.stats.captures == 1 and g.stats.recaptures == 0
+
+
+class TestNestedWrappers:
+    """A wrapper called inside another's capture runs inline: the outer graph reads what the
+    inner function reads, not the inner wrapper's own graphs and counters."""
+
+    def _rollout(self, backend):
+        net = nn.Linear(3, 3)
+        policy = CudaGraphModule(net, max_graphs=3, on_graph_limit="evict", backend=backend)
+
+        def rollout(obs):
+            for _ in range(4):
+                obs = obs * 0.5 + policy(obs).tanh()
+            return obs
+
+        def plain(obs):
+            for _ in range(4):
+                obs = obs * 0.5 + net(obs).tanh()
+            return obs
+
+        return net, policy, rollout, plain
+
+    def test_the_readme_example(self, graph_backend):
+        net, policy, rollout, plain = self._rollout(graph_backend)
+        graphed = CudaGraphModule(rollout, backend=graph_backend)
+        with torch.no_grad():
+            for step in range(6):
+                obs = torch.full((8, 3), 0.1 * step)
+                torch.testing.assert_close(graphed(obs), plain(obs))
+                small = torch.full((2, 3), -0.1 * step)  # the policy alone, another batch size
+                torch.testing.assert_close(policy(small), net(small))
+        assert graphed.stats.captures == 1 and graphed.stats.recaptures == 0
+        assert policy.stats.inline_calls >= 4 and policy.stats.graphs == 2
+
+    def test_what_the_inner_function_reads_is_still_watched(self):
+        net, policy, rollout, _ = self._rollout("simulate")
+        graphed = CudaGraphModule(rollout, backend="simulate")
+        with torch.no_grad():
+            for _ in range(3):
+                graphed(X)
+            net.weight = nn.Parameter(torch.zeros(3, 3))
+            with pytest.raises(StaleGraphError) as info:
+                graphed(X)
+        assert str(info.value).splitlines()[1] == (
+            "  closure variable 'policy' of TestNestedWrappers._rollout.<locals>.rollout.module.weight: another "
+            "tensor (the graph reads the old one's memory)")
+
+    def test_the_inner_wrapper_rebound(self):
+        inner = CudaGraphModule(lambda x: x * 2, backend="simulate")
+        holder = {"f": inner}
+        graphed = CudaGraphModule(lambda x: holder["f"](x) + 1, backend="simulate")
+        for _ in range(3):
+            graphed(X)
+        holder["f"] = CudaGraphModule(lambda x: x * 3, backend="simulate")
+        with pytest.raises(StaleGraphError, match=r"closure variable 'holder' of .*\['f'\]: another CudaGraphModule"):
+            graphed(X)

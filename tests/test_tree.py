@@ -12,9 +12,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tensordict import LazyStackedTensorDict, TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict, tensorclass
+from tensordict.nn import TensorDictModule
 
-from graphmodule import CudaGraphModule, InputMismatchError
+from graphmodule import CudaGraphModule, InputMismatchError, UnsupportedError
 from graphmodule._tree import Layout
 
 SETTINGS = settings(max_examples=120, deadline=None, derandomize=True,
@@ -127,3 +128,94 @@ def test_insertion_order_is_part_of_a_plain_dicts_structure():
     with pytest.raises(InputMismatchError) as info:
         g({"a": torch.zeros(1), "b": torch.ones(1)})
     assert [m.describe() for m in info.value.mismatches] == ["args[0]: expected key order ['b', 'a'], got ['a', 'b']"]
+
+
+@tensorclass
+class Pose:
+    pos: torch.Tensor
+    vel: torch.Tensor
+
+
+def _with_pose(i, n=3):
+    pose = Pose(pos=torch.full((2, n), float(i)), vel=torch.ones(2, n), batch_size=[2])
+    return TensorDict(pose=pose, obs=torch.ones(2, n), batch_size=[2])
+
+
+def _read_pose(td):
+    return td["pose"].pos * 2 + td["pose"].vel
+
+
+class TestTensorclassesInTensorDicts:
+    """A tensorclass held in a TensorDict is a nested level, read through its own TensorDict."""
+
+    def test_a_function_reading_a_field(self, graph_backend):
+        g = CudaGraphModule(_read_pose, warmup=1, backend=graph_backend)
+        for i in range(4):
+            torch.testing.assert_close(g(_with_pose(i)), _read_pose(_with_pose(i)))
+        assert g.stats.captures == 1
+
+    def test_a_module_reading_a_field_by_key(self, graph_backend):
+        module = TensorDictModule(lambda pos: pos * 3, in_keys=[("pose", "pos")], out_keys=["y"])
+        g = CudaGraphModule(module, warmup=1, backend=graph_backend)
+        for i in range(4):
+            td, plain = _with_pose(i), module(_with_pose(i))
+            out = g(td)
+            assert out is td and type(out["pose"]) is Pose
+            torch.testing.assert_close(out["y"], plain["y"])
+        assert g.stats.captures == 1
+
+    def test_a_field_rebound_by_the_function(self, graph_backend):
+        def step(td):
+            td["pose"].pos = td["pose"].pos + td["pose"].vel
+            return td["pose"]
+
+        g = CudaGraphModule(step, warmup=1, backend=graph_backend)
+        for i in range(4):
+            td, plain = _with_pose(i), _with_pose(i)
+            out = g(td)
+            step(plain)
+            assert out is td["pose"]
+            torch.testing.assert_close(td["pose"].pos, plain["pose"].pos)
+
+    def test_another_kind_of_value_where_a_tensorclass_was_captured(self):
+        g = CudaGraphModule(_read_pose, warmup=1, backend="simulate")
+        g(_with_pose(0))
+        g(_with_pose(1))
+        given = TensorDict(pose=TensorDict(pos=torch.ones(2, 3), vel=torch.ones(2, 3), batch_size=[2]),
+                           obs=torch.ones(2, 3), batch_size=[2])
+        with pytest.raises(InputMismatchError) as info:
+            g(given)
+        assert [m.describe() for m in info.value.mismatches][0] == (
+            "args[0]['pose']: expected type Pose, got a TensorDict with batch size (2,)")
+
+
+def _ragged(i):
+    return LazyStackedTensorDict.lazy_stack(
+        [TensorDict(obs=torch.full((3,), float(i)), a=torch.ones(2)),
+         TensorDict(obs=torch.full((4,), float(i)), a=torch.ones(2))], 0)
+
+
+class TestLazyStacksOfSeveralShapes:
+    def test_a_function_given_one_is_refused(self):
+        g = CudaGraphModule(lambda td: td[0]["obs"] + 1, warmup=1, backend="simulate")
+        g(_ragged(0))
+        with pytest.raises(UnsupportedError) as info:
+            g(_ragged(1))
+        assert str(info.value) == (
+            "CudaGraphModule(<lambda>) cannot replay this call as a CUDA graph: expected one shape per entry, got a "
+            "LazyStackedTensorDict whose entry args[0]['obs'] has shapes (3,) and (4,): a graph copies each input "
+            "into a buffer of one shape.\n"
+            "To fix: pass the stacked TensorDicts as a list (td.tensordicts, or list(td.unbind(td.stack_dim))), each "
+            "of its own shapes, or pad the entry to one shape (td.get(key, as_padded_tensor=True)); a TensorDict "
+            "module reads only its in_keys, which may stack while other entries do not."
+        )
+
+    def test_a_module_reading_entries_that_stack(self, graph_backend):
+        module = TensorDictModule(lambda a: a * 2, in_keys=["a"], out_keys=["b"])
+        g = CudaGraphModule(module, warmup=1, backend=graph_backend)
+        for i in range(4):
+            td, plain = _ragged(i), module(_ragged(i))
+            assert g(td) is td
+            torch.testing.assert_close(td["b"], plain["b"])
+            assert [tuple(t.shape) for t in td.get("obs", as_list=True)] == [(3,), (4,)]
+        assert g.stats.captures == 1

@@ -1,0 +1,392 @@
+"""What a graph reads from outside its inputs, found at capture by walking from the wrapped
+callable; and the Python state a function changes, which a replay would not.
+
+A graph reads tensors by address and Python values as they were at capture. The walk finds:
+
+- modules: every parameter, buffer and tensor attribute (by address) and submodule
+  (by identity), and public Python scalars (``self.scale``, dropout's ``p``) by value;
+- optimizers: param groups' hyperparameters (a scheduler's float ``lr``) by value,
+  tensor hyperparameters and state (``exp_avg``...) by address;
+- functions: closure variables and the globals their code reads, by identity for
+  objects and by value for Python scalars; and everything those lead to, as above;
+- the lists and dicts reached from a function (``scale[0]``, ``cfg["tau"]``): their entries,
+  and their Python scalars by value, with their length (one place per container);
+- another wrapper reached so: what its function reads (it runs inline in this capture).
+
+Not found: Python values read from objects the walk does not reach (deeper than
+:data:`MAX_DEPTH`, or behind properties), Python scalars held by plain objects (as
+attributes, or in their lists and dicts: a counter or a log on an object the function
+merely mentions would make every call stale), and tensors rebound inside containers the
+walk does not enter. :class:`~graphmodule._stale.Watch` checks what was found at every
+call; Python state the function *changes* is refused at capture (:class:`PythonEffects`).
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import reprlib
+import types
+from operator import getitem
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from ._spec import same_constant
+from ._surface import WrapperSurface
+
+__all__ = ["Discovery", "MAX_DEPTH", "PythonEffects"]
+
+MAX_DEPTH = 4
+_SCALARS = (int, float, bool, str, complex, type(None))
+_data_ptr = torch.Tensor.data_ptr
+_WORTH = (torch.Tensor, nn.Module, torch.optim.Optimizer, TensorDictBase, types.FunctionType,
+          types.MethodType, functools.partial, list, tuple, dict)
+
+
+# Python attributes that a torch module's forward never reads (exact types only: a subclass
+# may read them): watching them would cost every call and protect nothing.
+_UNREAD = {nn.Linear: frozenset({"in_features", "out_features"})}
+
+_INTERNAL_PACKAGES = frozenset({"torch", "tensordict", "graphmodule", "functools", "typing", "contextlib"})
+
+
+def _internal(fn: Any) -> bool:
+    """Functions of torch, tensordict and the standard library: not the user's Python state."""
+    module = getattr(fn, "__module__", None) or ""
+    return module.split(".", 1)[0] in _INTERNAL_PACKAGES
+
+
+class _Scalars:
+    """The Python scalars of a list or dict a function names (``scale[0]``, ``cfg["tau"]``),
+    watched as one place: ``self[None]`` is ``self`` while the container holds the captured
+    keys, in order, and entries equal to the captured ones (C-level comparisons, where an
+    entry still the captured object costs no ``==``), else a :class:`_Now` showing its
+    scalars. A graph bakes in the values it read; a container that grew may be read
+    otherwise (``lst[-1]``, a loop over a dict). Entries that are not scalars are watched
+    by identity besides, as elsewhere."""
+
+    __slots__ = ("obj", "keys", "values", "scalar_keys", "scalar_values")
+
+    def __init__(self, obj: list | dict):
+        self.obj = obj
+        self.keys = list(obj) if isinstance(obj, dict) else None
+        self.values = list(obj.values()) if isinstance(obj, dict) else list(obj)
+        keys = self.keys if self.keys is not None else range(len(obj))
+        pairs = [(k, v) for k, v in zip(keys, self.values) if isinstance(v, _SCALARS)]
+        self.scalar_keys, self.scalar_values = [k for k, _ in pairs], [v for _, v in pairs]
+
+    def __getitem__(self, _: Any) -> Any:
+        obj = self.obj
+        try:
+            if self.keys is None:
+                if obj == self.values:
+                    return self
+            elif list(obj) == self.keys and list(obj.values()) == self.values:
+                return self
+        except Exception:  # noqa: BLE001 - an entry whose == is not a truth value (a new tensor)
+            pass
+        return _Now(self)
+
+    def __repr__(self) -> str:
+        return _show_scalars(self.keys is None and len(self.scalar_keys) == len(self.values), self.scalar_keys,
+                             self.scalar_values)
+
+
+class _Now:
+    """What a watched container holds now, for the message (see :class:`_Scalars`)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, place: _Scalars):
+        obj = place.obj
+        keys = list(obj) if isinstance(obj, dict) else list(range(len(obj)))
+        pairs = [(k, obj[k]) for k in keys if isinstance(obj[k], _SCALARS)]
+        self.text = _show_scalars(isinstance(obj, list) and len(pairs) == len(obj), [k for k, _ in pairs],
+                                  [v for _, v in pairs])
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _show_scalars(whole: bool, keys: list, values: list) -> str:
+    """``[2.0]`` for a list of scalars only (``whole``), ``{key: value}`` for the scalars of
+    anything else."""
+    shown = reprlib.Repr()
+    shown.maxlist = shown.maxdict = 8
+    text = shown.repr(list(values) if whole else dict(zip(keys, values)))
+    return f"{text} ({len(keys)} scalars)" if len(keys) > 8 else text
+
+
+class _Cell:
+    """A closure cell as a container: ``cell[None]`` is its content."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell: Any):
+        self.cell = cell
+
+    def __getitem__(self, _: Any) -> Any:
+        return self.cell.cell_contents
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL"):
+            names.add(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+class Discovery:
+    """Everything the graph reads from outside its inputs, found from ``fn``: the watched
+    places, each as ``(container, key, what it held, label)`` in three lists by kind
+    (tensors by address, objects by identity, Python values by value).
+
+    Attributes:
+        externals: ``id(t) -> t`` for every tensor found (parameters, state...).
+        functions: ``(function, name)`` of the user functions found.
+        modules: ``(module, place)`` of the modules found.
+        known: the ids of every object found.
+    """
+
+    def __init__(self, fn: Any):
+        self.externals: dict[int, torch.Tensor] = {}
+        self._t: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, ptrs, labels
+        self._o: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, objects, labels
+        self._v: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, values, labels
+        self._tensors: list[torch.Tensor] = []  # the tensor at each watched place, at capture
+        self._seen: set[int] = set()
+        self._instance_dicts: set[int] = set()  # objects' __dict__s (watchable where probed so)
+        self._globals: set[int] = set()  # modules' globals: scripts rebind them all the time
+        self.functions: list[tuple[Callable, str]] = []
+        self.modules: list[tuple[nn.Module, str]] = []
+        self._visit(fn, "module" if isinstance(fn, nn.Module) else "the wrapped callable", 0)
+        self.known = frozenset(self._seen)  # objects that exist outside the call
+
+    def _bind(self, container: Any, key: Any, value: Any, label: str, depth: int, scalars: bool = True) -> None:
+        """Watch ``container[key]`` (now ``value``), then what ``value`` leads to (``scalars``:
+        with the Python scalars of the lists and dicts found there)."""
+        if isinstance(value, torch.Tensor):
+            self.externals[id(value)] = value
+            for lst, item in zip(self._t, (container, key, _data_ptr(value), label)):
+                lst.append(item)
+            self._tensors.append(value)
+        elif isinstance(value, _SCALARS):
+            for lst, item in zip(self._v, (container, key, value, label)):
+                lst.append(item)
+        else:
+            for lst, item in zip(self._o, (container, key, value, label)):
+                lst.append(item)
+            self._visit(value, label, depth + 1, scalars)
+
+    def _visit(self, obj: Any, label: str, depth: int, scalars: bool = True) -> None:
+        if depth > MAX_DEPTH or id(obj) in self._seen or isinstance(obj, (type, types.ModuleType)):
+            return
+        self._seen.add(id(obj))
+        if isinstance(obj, nn.Module):
+            self._module(obj, label, depth)
+        elif isinstance(obj, torch.optim.Optimizer):
+            self._optimizer(obj, label, depth)
+        elif isinstance(obj, TensorDictBase):
+            self._tensordict(obj, label, depth)
+        elif isinstance(obj, functools.partial):
+            self._visit(obj.func, label, depth)
+            for i, arg in enumerate(obj.args):
+                self._bind(obj.args, i, arg, f"{label} argument {i}", depth)
+            for name, arg in obj.keywords.items():
+                self._bind(obj.keywords, name, arg, f"{label} argument {name!r}", depth)
+        elif isinstance(obj, types.MethodType):
+            self._visit(obj.__self__, label, depth)
+            self._visit(obj.__func__, label, depth)
+        elif isinstance(obj, types.FunctionType):
+            self._function(obj, depth)
+        elif isinstance(obj, (list, tuple, dict)):
+            items = list(obj.items()) if isinstance(obj, dict) else list(enumerate(obj))
+            for key, item in items:
+                if not isinstance(item, _SCALARS):
+                    self._bind(obj, key, item, f"{label}[{key!r}]", depth, scalars)
+            if scalars and not isinstance(obj, tuple) and any(isinstance(item, _SCALARS) for _, item in items):
+                place = _Scalars(obj)
+                for lst, item in zip(self._v, (place, None, place, label)):
+                    lst.append(item)
+        elif isinstance(obj, WrapperSurface):
+            # another wrapper, called inside this graph's capture, ran its function inline: the
+            # graph reads what that function reads, not the wrapper's own bookkeeping (its graphs,
+            # counters, index), which its calls elsewhere change
+            self._visit(obj.module, f"{label}.module", depth)
+        elif hasattr(obj, "__dict__") and not callable(getattr(obj, "__get__", None)):
+            inner = getattr(obj, "_torchdynamo_orig_callable", None) or getattr(obj, "__wrapped__", None)
+            if inner is not None:
+                self._visit(inner, label, depth)
+            # Python scalars of arbitrary objects are not watched: counters on an object the
+            # function merely mentions would make every call stale.
+            attrs = vars(obj)
+            self._instance_dicts.add(id(attrs))
+            for name, value in list(attrs.items()):
+                if not name.startswith("__") and isinstance(value, _WORTH):
+                    self._bind(attrs, name, value, f"{label}.{name}", depth, scalars=False)
+
+    def _function(self, fn: types.FunctionType, depth: int) -> None:
+        wrapped = getattr(fn, "__wrapped__", None) or getattr(fn, "_torchdynamo_orig_callable", None)
+        if _internal(fn):  # torch's own wrappers (torch.compile's): only what they wrap is user code
+            if wrapped is not None:
+                self._visit(wrapped, getattr(wrapped, "__qualname__", "the wrapped function"), depth)
+            return
+        name = getattr(fn, "__qualname__", fn.__name__)
+        self.functions.append((fn, name))
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell (a name assigned later)
+                continue
+            self._bind(_Cell(cell), None, value, f"closure variable {var!r} of {name}", depth)
+        globs = fn.__globals__
+        self._globals.add(id(globs))
+        for var in sorted(_global_names(fn.__code__)):
+            if var in globs and not isinstance(globs[var], (types.ModuleType, type)):
+                self._bind(globs, var, globs[var], f"global {var!r} read by {name}", depth)
+        for i, value in enumerate(fn.__defaults__ or ()):
+            if not isinstance(value, _SCALARS):
+                self._visit(value, f"default argument {i} of {name}", depth + 1)
+        if wrapped is not None:
+            self._visit(wrapped, name, depth)
+
+    def _module(self, module: nn.Module, label: str, depth: int) -> None:
+        for path, m in module.named_modules(remove_duplicate=True):
+            where = f"{label}.{path}" if path else label
+            if id(m) in self._seen and m is not module:
+                continue
+            self.modules.append((m, where))
+            for kind in ("_parameters", "_buffers"):
+                for name, t in m.__dict__[kind].items():
+                    if t is not None:
+                        self._bind(m.__dict__[kind], name, t, f"{where}.{name}", depth)
+            for name, child in m.__dict__["_modules"].items():
+                for lst, item in zip(self._o, (m.__dict__["_modules"], name, child, f"{where}.{name}")):
+                    lst.append(item)
+            attrs = m.__dict__
+            self._instance_dicts.add(id(attrs))
+            unread = _UNREAD.get(type(m), ())
+            for name, value in list(attrs.items()):
+                if name.startswith("_") or name == "training" or name in unread:
+                    continue
+                if isinstance(value, (torch.Tensor, *_SCALARS)):
+                    self._bind(attrs, name, value, f"{where}.{name}", depth)
+                elif callable(value) or isinstance(value, (torch.optim.Optimizer, TensorDictBase)):
+                    self._bind(attrs, name, value, f"{where}.{name}", depth)
+            self._seen.add(id(m))
+
+    def _optimizer(self, opt: torch.optim.Optimizer, label: str, depth: int) -> None:
+        label = f"{label} ({type(opt).__name__})"
+        attrs = opt.__dict__
+        self._instance_dicts.add(id(attrs))
+        for lst, item in zip(self._o, (attrs, "param_groups", opt.param_groups, f"{label}.param_groups")):
+            lst.append(item)
+        for lst, item in zip(self._o, (attrs, "state", opt.state, f"{label}.state")):
+            lst.append(item)
+        for g, group in enumerate(opt.param_groups):
+            for lst, item in zip(self._o, (opt.param_groups, g, group, f"{label}.param_groups[{g}]")):
+                lst.append(item)
+            for key, value in group.items():
+                where = f"{label}.param_groups[{g}][{key!r}]"
+                if key == "params":
+                    for i, p in enumerate(value):
+                        self._bind(value, i, p, f"{where}[{i}]", depth)
+                        state = opt.state.get(p)
+                        if state is not None:
+                            # (opt.state is watched by identity: load_state_dict replaces it)
+                            for skey, svalue in state.items():
+                                if isinstance(svalue, torch.Tensor):
+                                    self._bind(state, skey, svalue, f"{label}.state[param {i}][{skey!r}]", depth)
+                elif isinstance(value, (torch.Tensor, *_SCALARS)):
+                    self._bind(group, key, value, where, depth)
+                elif isinstance(value, tuple) and all(isinstance(v, _SCALARS) for v in value):
+                    for lst, item in zip(self._v, (group, key, value, where)):
+                        lst.append(item)
+
+    def _tensordict(self, td: TensorDictBase, label: str, depth: int) -> None:
+        if type(td) is not TensorDict:
+            return
+        for name, value in td._tensordict.items():
+            if isinstance(value, (torch.Tensor, TensorDictBase)):
+                self._bind(td._tensordict, name, value, f"{label}[{name!r}]", depth)
+
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """``(place, tensor)`` of every tensor found (a parameter also under its optimizer)."""
+        return list(zip(self._t[3], self._tensors))
+
+def _shallow(value: Any) -> Any:
+    if isinstance(value, (list, dict, set)):
+        return (type(value), list(value.items()) if isinstance(value, dict) else list(value))
+    return None
+
+
+class PythonEffects:
+    """Python state the function changes: closure variables and the globals it writes or reads.
+
+    A replay runs no Python, so ``nonlocal step; step += 1`` or ``losses.append(...)`` in
+    the function would happen once, at capture, instead of at every call. Snapshot
+    before the capture, :meth:`changes` after it.
+    """
+
+    def __init__(self, functions: list[tuple[Callable, str]]):
+        self.before: list[tuple[Any, Any, str, Any, Any]] = []
+        for fn, name in functions:
+            for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+                value = cell.cell_contents if _filled(cell) else _EMPTY
+                self.before.append((_Cell(cell), None, f"closure variable {var!r} of {name}", value, _shallow(value)))
+            globs = fn.__globals__
+            for var in _global_names(fn.__code__):
+                value = globs.get(var, _EMPTY)
+                if not isinstance(value, (types.ModuleType, type)):
+                    self.before.append((globs, var, f"global {var!r} of {name}", value, _shallow(value)))
+
+    def changes(self) -> list[str]:
+        out = []
+        for container, key, label, value, shallow in self.before:
+            try:
+                now = getitem(container, key)
+            except (KeyError, ValueError):
+                now = _EMPTY
+            if now is not value and not (isinstance(now, _SCALARS) and same_constant(now, value)):
+                out.append(f"{label} was rebound ({_show(value)} → {_show(now)})")
+            elif shallow is not None and _shallow(now) is not None and not _same_shallow(shallow, _shallow(now)):
+                out.append(f"{label} ({type(value).__name__}) was modified in place")
+        return out
+
+
+def _same_shallow(a: Any, b: Any) -> bool:
+    (ta, ia), (tb, ib) = a, b
+    if ta is not tb or len(ia) != len(ib):
+        return False
+    for x, y in zip(ia, ib):
+        if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == 2 and ta is dict:
+            if x[0] != y[0] or x[1] is not y[1]:
+                return False
+        elif x is not y:
+            return False
+    return True
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+_EMPTY = object()
+
+
+def _show(value: Any) -> str:
+    if value is _EMPTY:
+        return "unset"
+    if isinstance(value, _SCALARS):
+        return repr(value)
+    return f"a {type(value).__name__}"
