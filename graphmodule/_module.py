@@ -29,6 +29,7 @@ from tensordict.nn import dispatch
 
 from ._capture import _DEPTH, capturing, collect_before_next_capture, make_runner
 from ._diagnose import USER_ERROR
+from ._distributed import check_capture, note_capture
 from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys, sorted_kwargs
 from ._entry import Entry
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
@@ -434,6 +435,7 @@ class CudaGraphModule(WrapperSurface):
         lend = self._lend
         lend_later = lend and not self._layer_hint and self._runner.pool_in_use()
         try:
+            check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
             entry, _ = record(owner=self._owner, module=self.module, runner=self._runner, layout=layout,
                               leaves=leaves, mode=mode, clone=self._clone, lend=lend and not lend_later, texts=texts,
                               objs=objs, eager_keys=self._warm_keys if not self._entries else None,
@@ -450,6 +452,7 @@ class CudaGraphModule(WrapperSurface):
         self._mode = reader
         self._entries.insert(0, entry)
         self._state = State.CAPTURED
+        note_capture(self)  # released before its process groups are destroyed (_distributed)
         self._stats.captures += 1
         self._stats.replays += 1
         self._stats.capture_seconds = self._runner.capture_seconds

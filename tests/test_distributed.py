@@ -1,0 +1,257 @@
+"""graphmodule on torch.distributed (``_distributed``): graphs released before their process
+group is destroyed, whatever the order of teardown; the rules of capturing a DDP step; a
+wrapper on a second GPU; the DDP and FSDP2 examples against eager.
+
+On CPU: a gloo group of one process inside this process (release, rules, simulated graphs),
+and one torchrun of two processes (gloo, simulated graphs) over both examples' steps, the CI
+smoke. On two GPUs (markers ``cuda`` and ``gpus2``): the examples, every exit order and the
+rules under torchrun with NCCL, and a wrapper on cuda:1.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from graphmodule import CaptureError, CudaGraphModule, GraphStateError, InputMismatchError
+from tests.distributed.launch import ROOT, torchrun
+from tests.distributed.worker import ORDERS
+
+TWO_GPUS = [pytest.mark.cuda, pytest.mark.gpus2,
+            pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
+
+
+@pytest.fixture
+def group():
+    """A gloo process group of this process alone, destroyed after the test if still alive."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def double(x):
+    return x * 2
+
+
+def captured(make, fn=double, x=None):
+    g = make(fn, warmup=1)
+    x = torch.ones(3) if x is None else x
+    g(x)
+    g(x)
+    assert g.state == "captured"
+    return g
+
+
+class TestRelease:
+    def test_a_wrapper_captured_under_a_group_is_released_before_the_group_is_destroyed(self, group, make):
+        g = captured(make)
+        dist.destroy_process_group()
+        assert (g.state, g.stats.graphs) == ("warmup", 0)
+        assert g(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]  # it warms up again
+
+    def test_the_release_is_logged(self, group, make, caplog):
+        g = captured(make)
+        with caplog.at_level(logging.INFO, logger="graphmodule"):
+            dist.destroy_process_group()
+        assert "CudaGraphModule(double): released its CUDA graphs before process group shutdown()" in caplog.messages
+        assert g.state == "warmup"
+
+    def test_a_wrapper_captured_before_the_group_existed_keeps_its_graph(self, make):
+        g = captured(make)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.destroy_process_group()
+        assert (g.state, g.stats.graphs) == ("captured", 1)
+
+    def test_destroying_a_group_releases_only_the_wrappers_that_captured_while_it_was_alive(self, group, make):
+        before = captured(make)
+        sub = dist.new_group([0], backend="gloo")
+        during = captured(make)
+        dist.destroy_process_group(sub)
+        assert (before.state, during.state) == ("captured", "warmup")
+
+    def test_a_wrapper_never_called_again_is_released_at_interpreter_exit(self):
+        # no destroy_process_group(): the exit handler releases it before the groups go
+        program = (
+            "import logging, sys, torch, torch.distributed as dist\n"
+            "from graphmodule import CudaGraphModule\n"
+            "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
+            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+            "g = CudaGraphModule(lambda x: x + 1, warmup=1, backend='simulate')\n"
+            "g(torch.ones(2)); g(torch.ones(2))\n"
+            "print('state', g.state)\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[-2:] == ["state captured",
+                                                 "CudaGraphModule(<lambda>): released its CUDA graphs at interpreter exit"]
+
+
+def ddp_step(warmup=11, **ddp_kwargs):
+    """A graphed DDP train step and its eager twin (CPU, simulated graphs)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    twin = copy.deepcopy(net)
+
+    def step_of(model):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+        def step(x):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return step
+
+    graphed = CudaGraphModule(step_of(DistributedDataParallel(net, **ddp_kwargs)), warmup=warmup, backend="simulate")
+    return graphed, step_of(DistributedDataParallel(twin, **ddp_kwargs))
+
+
+class TestRules:
+    def test_a_ddp_step_warmed_up_enough_is_captured_and_matches_eager(self, group):
+        graphed, eager = ddp_step(static_graph=True)
+        xs = torch.randn(15, 2, 4)
+        for x in xs:
+            assert torch.equal(graphed(x), eager(x))
+        assert (graphed.state, graphed.stats.replays) == ("captured", 4)
+
+    def test_too_few_warmup_calls_for_ddp_raise_before_capturing(self, group):
+        graphed, _ = ddp_step(warmup=3, static_graph=True)
+        for _ in range(3):
+            graphed(torch.randn(2, 4))
+        with pytest.raises(CaptureError) as info:
+            graphed(torch.randn(2, 4))
+        assert info.value.cause == "ddp-warmup"
+        assert str(info.value) == (
+            "CudaGraphModule(step) failed to capture its CUDA graph: RuntimeError: DistributedDataParallel(Sequential) "
+            "ran 3 forward pass(es) with gradients before this capture; a capture needs 11 before it (closure "
+            "variable 'model' of ddp_step.<locals>.step_of.<locals>.step).\n"
+            "Likely cause (ddp-warmup): DistributedDataParallel waits for the GPU in its first 11 forward passes with "
+            "gradients (it times them for its runtime statistics) and rebuilds its gradient buckets in the second. "
+            "Warm up longer: CudaGraphModule(step, warmup=11) or more (forward passes run outside the wrapper count "
+            "too)."
+        )
+        with pytest.raises(GraphStateError, match="failed to capture its graph earlier"):
+            graphed(torch.randn(2, 4))
+
+    def test_find_unused_parameters_without_a_static_graph_is_refused(self, group):
+        graphed, _ = ddp_step(find_unused_parameters=True)
+        for _ in range(11):
+            graphed(torch.randn(2, 4))
+        with pytest.raises(CaptureError, match=r"built with find_unused_parameters=True and static_graph=False") as info:
+            graphed(torch.randn(2, 4))
+        assert info.value.cause == "ddp-find-unused"
+        assert "Build it with static_graph=True" in info.value.hint
+
+    def test_a_refused_ddp_step_runs_eagerly_with_on_capture_failure_eager(self, group):
+        graphed, eager = ddp_step(warmup=2, static_graph=True)
+        graphed = CudaGraphModule(graphed.module, warmup=2, backend="simulate", on_capture_failure="eager")
+        xs = torch.randn(4, 2, 4)
+        results = []
+        with pytest.warns(UserWarning, match=r"Likely cause \(ddp-warmup\)"):
+            results = [graphed(x) for x in xs]
+        assert graphed.state == "eager"
+        assert all(torch.equal(r, eager(x)) for r, x in zip(results, xs))
+
+
+def results(output: str) -> dict[str, str]:
+    return dict(re.findall(r"^RESULT ([\w-]+): (.*)$", output, re.M))
+
+
+def test_the_examples_steps_under_torchrun_match_eager_on_cpu():
+    """The CI smoke: two processes on gloo, simulated graphs, both examples' steps."""
+    ended = torchrun(["examples"], timeout=120)
+    assert ended.code == 0, ended.output[-3000:]
+    found = results(ended.output)
+    assert found["ddp"] == "loss_diff=0.000e+00 param_diff=0.000e+00"
+    assert found["fsdp"] == "loss_diff=0.000e+00 param_diff=0.000e+00"
+    assert found["destroy"] == "captured=captured after=warmup graphs=0"
+
+
+# -- two GPUs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mark", [pytest.param(None, marks=TWO_GPUS)])
+def test_the_examples_match_eager_bit_for_bit_on_two_gpus(mark):
+    ended = torchrun(["examples", "--steps", "40"], timeout=300)
+    assert ended.code == 0, ended.output[-3000:]
+    found = results(ended.output)
+    assert found["ddp"] == found["fsdp"] == "loss_diff=0.000e+00 param_diff=0.000e+00"
+    assert "graph backend 'cuda'" in ended.output
+    assert found["destroy"] == "captured=captured after=warmup graphs=0"
+
+
+EXIT_CODES = {"exception": 1, "finally": 1}
+
+
+@pytest.mark.parametrize("model, order", [pytest.param("ddp", o, marks=TWO_GPUS) for o in ORDERS]
+                         + [pytest.param("fsdp", o, marks=TWO_GPUS) for o in ("alive", "never")])
+def test_every_exit_order_ends_within_the_time_limit(model, order):
+    # without the release, NCCL waits for ever for the graphs holding its collectives
+    ended = torchrun(["exit", order, "--model", model], timeout=120)
+    assert ended.code == EXIT_CODES.get(order, 0), ended.output[-3000:]
+    assert ended.seconds < 90, ended.output[-3000:]
+    assert "captured: state captured" in ended.output
+    if order == "alive":
+        assert "destroyed; the wrapper is in state warmup with 0 graph(s)" in ended.output
+    if order in EXIT_CODES:
+        assert "RuntimeError: the program ends by an exception" in ended.output
+
+
+RULES = {
+    "ok": "state=captured captures=1 replays=5 loss_diff=0.000e+00 param_diff=0.000e+00",
+    "warmup2": "CaptureError cause=ddp-warmup",
+    "warmup10": "CaptureError cause=ddp-warmup",
+    "find-unused": "CaptureError cause=ddp-find-unused",
+    "adam": "CaptureError cause=optimizer-not-capturable",
+    "gloo": "CaptureError cause=collective-on-cpu-group",
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=TWO_GPUS) for c in RULES])
+def test_a_ddp_step_is_captured_or_refused_with_its_cause(case):
+    ended = torchrun(["rule", case], timeout=180)
+    assert ended.code == 0, ended.output[-3000:]
+    assert results(ended.output)[case] == RULES[case], ended.output[-3000:]
+
+
+@pytest.mark.parametrize("mark", [pytest.param(None, marks=TWO_GPUS)])
+def test_a_wrapper_on_the_second_gpu_captures_and_replays_there(mark):
+    assert torch.cuda.current_device() == 0
+    second = torch.device("cuda", 1)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).to(second)
+    twin = copy.deepcopy(net)
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2, capturable=True) for m in (net, twin)]
+
+    def step_of(model, opt):
+        def step(x):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+
+    graphed, eager = CudaGraphModule(step_of(net, opts[0]), device=second), step_of(twin, opts[1])
+    for _ in range(6):
+        x = torch.randn(4, 8, device=second)
+        assert torch.equal(graphed(x), eager(x))
+    assert (graphed.state, graphed.stats.replays, graphed.device) == ("captured", 4, second)
+    assert torch.cuda.current_device() == 0
+    pool = tuple(graphed.pool.id)
+    segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool]
+    assert segments and {s["device"] for s in segments} == {1}
+    with pytest.raises(InputMismatchError, match=re.escape("args[0]: expected device cuda:1, got cuda:0")):
+        graphed(torch.randn(4, 8, device="cuda:0"))
