@@ -43,10 +43,12 @@ def measure(setup, mode: str, size: Size, warmup: int = 11) -> dict:
     from examples.distributed_setup import compare, make_batches, mlp, run, train_step
     from graphmodule import CudaGraphModule
 
-    wrap = ddp_train_step.ddp if mode == "ddp" else fsdp_train_step.shard
     model = mlp(size.width, size.depth, setup.device)
     twin = copy.deepcopy(model)
-    graphed_model, eager_model = wrap(model, setup), wrap(twin, setup)
+    if mode == "ddp":
+        graphed_model, eager_model = ddp_train_step.ddp(model, setup), ddp_train_step.ddp(twin, setup, side_stream=False)
+    else:
+        graphed_model, eager_model = fsdp_train_step.shard(model, setup), fsdp_train_step.shard(twin, setup)
     graphed = CudaGraphModule(train_step(graphed_model, setup.device), warmup=warmup, backend=setup.graph_backend)
     batches = make_batches(setup, size.steps, size.batch, size.width)
     untimed = min(warmup + 1, size.steps)

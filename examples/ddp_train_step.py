@@ -7,18 +7,21 @@ all-reduces, ``Adam(capturable=True).step()``) in one ``CudaGraphModule`` and ru
 eager twin built from the same weights, on the same batches: the losses and parameters must
 agree exactly, and the replays run the step without the host's per-kernel launches.
 
-What the wrapper needs around DDP:
+What the wrapper needs around DDP (each missing one is a ``CaptureError`` naming it):
 
-- ``warmup=11``: DDP waits for the GPU in its first 11 forward passes (it times them for its
-  runtime statistics) and rebuilds its buckets in the second; a capture before that fails
-  with a ``CaptureError`` (cause ``ddp-warmup``) that says so.
-- ``static_graph=True`` where ``find_unused_parameters=True``: otherwise DDP reads on the
-  host, at every step, which parameters the backward used (cause ``ddp-find-unused``).
-- a NCCL process group for CUDA tensors (gloo copies them through the host).
-- DDP built on a side stream, as torch's notes on CUDA graphs ask, so that its construction
-  (a broadcast of the weights) runs off the default stream.
+- ``warmup=11``: DDP waits for the GPU in its first 11 forward passes with gradients (it
+  times them for its runtime statistics) and rebuilds its buckets in the second (cause
+  ``ddp-warmup``).
+- DDP built on a side stream: it keeps its parameters' gradient accumulators, which run on
+  the stream it was built on, and the default stream cannot join a capture (cause
+  ``ddp-default-stream``).
+- a NCCL process group for CUDA tensors: gloo copies them through the host (cause
+  ``collective-on-cpu-group``).
 - nothing at exit: the wrapper's graphs are released before ``destroy_process_group()``
-  (or at interpreter exit), which NCCL needs to finalize its communicators.
+  (and at interpreter exit), which NCCL needs to finalize its communicators.
+
+``static_graph`` and ``find_unused_parameters`` may stay as they are (both captured and
+matched eager with every parameter used).
 
 Without CUDA it runs on gloo with simulated graphs (``--graph-backend simulate``), which
 checks the wiring, not the speed.
@@ -42,25 +45,33 @@ from torch.nn.parallel import DistributedDataParallel
 from examples.distributed_setup import Setup, compare, flags, init, make_batches, mlp, report, run, train_step
 from graphmodule import CudaGraphModule
 
+DDP_WARMUP = 11  # DDP waits for the GPU in its first 11 forward passes with gradients
 
-def ddp(model: nn.Module, setup: Setup) -> DistributedDataParallel:
-    """``model`` under DDP, built on a side stream on GPUs."""
-    cuda = setup.device.type == "cuda"
+
+def ddp(model: nn.Module, setup: Setup, side_stream: bool = True) -> DistributedDataParallel:
+    """``model`` under DDP; on GPUs built on a side stream, for a graphed step (an eager one
+    runs on the default stream and is built there)."""
+    cuda = setup.device.type == "cuda" and side_stream
     stream = torch.cuda.Stream() if cuda else None
     with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-        wrapped = DistributedDataParallel(model, device_ids=[setup.device.index] if cuda else None,
-                                          static_graph=True)
+        wrapped = DistributedDataParallel(model, device_ids=[setup.device.index] if setup.device.type == "cuda" else None)
     if cuda:
         torch.cuda.current_stream().wait_stream(stream)
+        # The wrapper warms up and captures on a stream of its own, not this one: torch warns of
+        # the mismatch, which costs an event per parameter in the warmup steps and no host work in
+        # replays (the capture joins the two streams).
+        quiet = getattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch", None)
+        if quiet is not None:
+            quiet(False)
     return wrapped
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = flags(__doc__.splitlines()[0]).parse_args(argv)
+    args = flags(__doc__.splitlines()[0], warmup=DDP_WARMUP).parse_args(argv)
     setup = init(args.graph_backend)
     model = mlp(args.width, args.depth, setup.device)
     twin = copy.deepcopy(model)
-    graphed_model, eager_model = ddp(model, setup), ddp(twin, setup)
+    graphed_model, eager_model = ddp(model, setup), ddp(twin, setup, side_stream=False)
     graphed = CudaGraphModule(train_step(graphed_model, setup.device), warmup=args.warmup,
                               backend=setup.graph_backend)
     batches = make_batches(setup, args.steps, args.batch, args.width)

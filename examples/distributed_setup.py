@@ -36,13 +36,13 @@ class Run(NamedTuple):
     steps: int  # timed steps
 
 
-def flags(description: str) -> argparse.ArgumentParser:
+def flags(description: str, warmup: int) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--steps", type=int, default=200, help="train steps per run (the first warmup+1 untimed)")
     parser.add_argument("--width", type=int, default=256, help="MLP width")
     parser.add_argument("--depth", type=int, default=4, help="MLP Linear layers")
     parser.add_argument("--batch", type=int, default=64, help="samples per process and step")
-    parser.add_argument("--warmup", type=int, default=11, help="eager calls before the capture")
+    parser.add_argument("--warmup", type=int, default=warmup, help="eager calls before the capture")
     parser.add_argument("--graph-backend", default="auto", choices=("auto", "cuda", "simulate", "eager"),
                         help="CudaGraphModule's backend (auto: cuda on GPUs, simulate on CPU)")
     return parser

@@ -10,8 +10,8 @@ batches: the losses and the shards must agree exactly.
 
 What the wrapper needs around FSDP2:
 
-- ``warmup=11`` (as for DDP; FSDP2 itself initializes lazily at its first forward, and
-  its streams' first use allocates, so at least a couple of eager steps must run first);
+- no more than the default ``warmup=2``: FSDP2 initializes itself lazily in its first
+  forward, which must run eagerly (``warmup=1`` captured and matched eager too);
 - a NCCL process group for CUDA tensors;
 - ``capturable=True`` for the optimizer, which steps on the DTensor shards inside the graph;
 - nothing at exit: the wrapper's graphs are released before ``destroy_process_group()``
@@ -49,7 +49,7 @@ def shard(model: nn.Sequential, setup: Setup) -> nn.Module:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = flags(__doc__.splitlines()[0]).parse_args(argv)
+    args = flags(__doc__.splitlines()[0], warmup=2).parse_args(argv)
     setup = init(args.graph_backend)
     model = mlp(args.width, args.depth, setup.device)
     twin = copy.deepcopy(model)

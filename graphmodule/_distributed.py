@@ -20,7 +20,8 @@ A released wrapper warms up and captures again at its next call, as after ``rese
 
 **Capture rules.** :func:`check_capture` runs before a capture, on the modules the function
 reads, and refuses a ``DistributedDataParallel`` step that cannot be captured, naming the
-cause and the fix (the causes' names are :data:`CAUSES`' keys).
+cause and the fix; :func:`explain_failure` names DDP's part in a failed capture that the
+generic causes of ``_diagnose`` describe otherwise (the causes' names are :data:`CAUSES`' keys).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from torch import nn
 
 from ._errors import CaptureError
 
-__all__ = ["CAUSES", "DDP_WARMUP", "check_capture", "live_groups", "note_capture", "release"]
+__all__ = ["CAUSES", "DDP_WARMUP", "check_capture", "explain_failure", "live_groups", "note_capture", "release"]
 
 log = logging.getLogger("graphmodule")
 
@@ -54,11 +55,12 @@ CAUSES = {
         f"the second. Warm up longer: CudaGraphModule(step, warmup={DDP_WARMUP}) or more (forward "
         "passes run outside the wrapper count too)."
     ),
-    "ddp-find-unused": (
-        "with find_unused_parameters=True and static_graph=False, DistributedDataParallel reads on "
-        "the host, at every step, which parameters the backward used. Build it with "
-        "static_graph=True (the same parameters are used at every step, as a graph replays them), "
-        "or with find_unused_parameters=False."
+    "ddp-default-stream": (
+        "DistributedDataParallel was built on the default stream. It keeps its parameters' gradient "
+        "accumulators, which run on the stream they were created on, and the default (legacy) stream "
+        "cannot join a capture. Build it on a side stream: `s = torch.cuda.Stream()`, then `with "
+        "torch.cuda.stream(s): model = DistributedDataParallel(...)`, then "
+        "`torch.cuda.current_stream().wait_stream(s)`."
     ),
     "collective-on-cpu-group": (
         "a collective on CUDA tensors runs on a process group whose CUDA backend is not NCCL "
@@ -170,8 +172,6 @@ def _ddp_problem(ddp: nn.Module) -> tuple[str, str] | None:
         if backend != "nccl":
             return "collective-on-cpu-group", (f"{name} reduces CUDA gradients on a process group whose "
                                                f"backend for {param.device.type} is {backend!r}")
-    if ddp.find_unused_parameters and not ddp.static_graph:
-        return "ddp-find-unused", f"{name} was built with find_unused_parameters=True and static_graph=False"
     if torch.is_grad_enabled() and ddp.require_backward_grad_sync:
         try:
             logged = int(ddp._get_ddp_logging_data().get("iteration", 0))
@@ -196,3 +196,15 @@ def check_capture(owner: str, modules: Iterable[tuple[nn.Module, str]]) -> None:
         if problem is not None:
             cause, found = problem
             raise CaptureError(owner, cause, CAUSES[cause], RuntimeError(f"{found} ({where})."), None)
+
+
+def explain_failure(err: CaptureError, modules: Iterable[tuple[nn.Module, str]]) -> CaptureError:
+    """``err``, or the error naming DDP's part in it when the function reads a DDP module."""
+    ddp_type = torch.nn.parallel.DistributedDataParallel
+    if not any(isinstance(module, ddp_type) for module, _ in modules):
+        return err
+    if err.cause == "cross-stream" and "legacy stream" in str(err.original):
+        named = CaptureError(err.owner, "ddp-default-stream", CAUSES["ddp-default-stream"], err.original, err.where)
+        named.__cause__ = err.__cause__
+        return named
+    return err

@@ -29,7 +29,7 @@ from tensordict.nn import dispatch
 
 from ._capture import _DEPTH, capturing, collect_before_next_capture, make_runner
 from ._diagnose import USER_ERROR
-from ._distributed import check_capture, note_capture
+from ._distributed import check_capture, explain_failure, note_capture
 from ._dispatch import binds_kwargs_by_name, by_key_paths, module_name, resolve_keys, sorted_kwargs
 from ._entry import Entry
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
@@ -441,6 +441,7 @@ class CudaGraphModule(WrapperSurface):
                               objs=objs, eager_keys=self._warm_keys if not self._entries else None,
                               alone=self._layer_hint)
         except CaptureError as err:
+            err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
             if err.cause != USER_ERROR:
                 return self._capture_failed(err, layout, leaves, mode, reader, args, kwargs)
             # The function raised while it was captured, with no sign of the capture being to

@@ -146,14 +146,46 @@ class TestRules:
         with pytest.raises(GraphStateError, match="failed to capture its graph earlier"):
             graphed(torch.randn(2, 4))
 
-    def test_find_unused_parameters_without_a_static_graph_is_refused(self, group):
-        graphed, _ = ddp_step(find_unused_parameters=True)
+    def test_a_cross_stream_failure_with_ddp_names_the_stream_ddp_was_built_on(self, group):
+        # what a DDP built on the default stream makes its backward raise under capture (GPU)
+        graphed, _ = ddp_step()
+        step, fail = graphed.module, [False]
+
+        def fn(x):
+            if fail[0]:
+                raise RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking "
+                                   "stream")
+            return step(x)
+
+        g = CudaGraphModule(fn, warmup=11, backend="simulate")
         for _ in range(11):
-            graphed(torch.randn(2, 4))
-        with pytest.raises(CaptureError, match=r"built with find_unused_parameters=True and static_graph=False") as info:
-            graphed(torch.randn(2, 4))
-        assert info.value.cause == "ddp-find-unused"
-        assert "Build it with static_graph=True" in info.value.hint
+            g(torch.randn(2, 4))
+        fail[0] = True
+        with pytest.raises(CaptureError) as info:
+            g(torch.randn(2, 4))
+        assert info.value.cause == "ddp-default-stream"
+        assert str(info.value).startswith("CudaGraphModule(fn) failed to capture its CUDA graph at test_distributed.py:")
+        assert str(info.value).endswith(
+            "Likely cause (ddp-default-stream): DistributedDataParallel was built on the default stream. It keeps its "
+            "parameters' gradient accumulators, which run on the stream they were created on, and the default "
+            "(legacy) stream cannot join a capture. Build it on a side stream: `s = torch.cuda.Stream()`, then `with "
+            "torch.cuda.stream(s): model = DistributedDataParallel(...)`, then "
+            "`torch.cuda.current_stream().wait_stream(s)`.")
+        assert isinstance(info.value.__cause__, RuntimeError) and "legacy stream" in str(info.value.__cause__)
+
+    def test_the_same_failure_without_ddp_keeps_its_generic_cause(self, make):
+        def fn(x):
+            if fail[0]:
+                raise RuntimeError("operation would make the legacy stream depend on a capturing blocking stream")
+            return x + 1
+
+        fail = [False]
+        g = make(fn, warmup=1)
+        g(torch.ones(2))
+        fail[0] = True
+        with pytest.raises(CaptureError) as info:
+            g(torch.ones(2))
+        assert info.value.cause == "cross-stream"
 
     def test_a_refused_ddp_step_runs_eagerly_with_on_capture_failure_eager(self, group):
         graphed, eager = ddp_step(warmup=2, static_graph=True)
@@ -196,7 +228,7 @@ EXIT_CODES = {"exception": 1, "finally": 1}
 
 
 @pytest.mark.parametrize("model, order", [pytest.param("ddp", o, marks=TWO_GPUS) for o in ORDERS]
-                         + [pytest.param("fsdp", o, marks=TWO_GPUS) for o in ("alive", "never")])
+                         + [pytest.param("fsdp", "alive", marks=TWO_GPUS)])
 def test_every_exit_order_ends_within_the_time_limit(model, order):
     # without the release, NCCL waits for ever for the graphs holding its collectives
     ended = torchrun(["exit", order, "--model", model], timeout=120)
@@ -209,19 +241,35 @@ def test_every_exit_order_ends_within_the_time_limit(model, order):
         assert "RuntimeError: the program ends by an exception" in ended.output
 
 
-RULES = {
-    "ok": "state=captured captures=1 replays=5 loss_diff=0.000e+00 param_diff=0.000e+00",
+CAPTURED = "state=captured captures=1 replays={} loss_diff=0.000e+00 param_diff=0.000e+00"
+RULES = {  # what 16 steps of each case (tests/distributed/worker.py CASES) end with
+    "ok": CAPTURED.format(5),
+    "no-static": CAPTURED.format(5),
+    "find-unused": CAPTURED.format(5),
+    "fsdp-warmup1": CAPTURED.format(15),
     "warmup2": "CaptureError cause=ddp-warmup",
     "warmup10": "CaptureError cause=ddp-warmup",
-    "find-unused": "CaptureError cause=ddp-find-unused",
+    "default-stream": "CaptureError cause=ddp-default-stream",
     "adam": "CaptureError cause=optimizer-not-capturable",
     "gloo": "CaptureError cause=collective-on-cpu-group",
 }
 
 
+# cases that fail before capturing, or not at all, share one torchrun; those that fail inside a
+# capture get a process group of their own
+ALONE = ("default-stream", "adam")
+
+
+@pytest.fixture(scope="module")
+def rule_results():
+    ended = torchrun(["rule", *(case for case in RULES if case not in ALONE)], timeout=240)
+    assert ended.code == 0, ended.output[-3000:]
+    return ended
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, marks=TWO_GPUS) for c in RULES])
-def test_a_ddp_step_is_captured_or_refused_with_its_cause(case):
-    ended = torchrun(["rule", case], timeout=180)
+def test_a_ddp_step_is_captured_or_refused_with_its_cause(case, request):
+    ended = torchrun(["rule", case], timeout=180) if case in ALONE else request.getfixturevalue("rule_results")
     assert ended.code == 0, ended.output[-3000:]
     assert results(ended.output)[case] == RULES[case], ended.output[-3000:]
 

@@ -2,13 +2,14 @@
 
     torchrun --nproc_per_node=2 tests/distributed/worker.py examples [--steps N]
     torchrun --nproc_per_node=2 tests/distributed/worker.py exit ORDER [--model ddp|fsdp]
-    torchrun --nproc_per_node=2 tests/distributed/worker.py rule CASE
+    torchrun --nproc_per_node=2 tests/distributed/worker.py rule CASE [CASE ...]
 
 ``examples``: both examples' steps, eager against graphed, in one process group; then a
 wrapper alive at ``destroy_process_group()`` is found released. ``exit``: a graphed DDP (or
 FSDP2) step captured and replayed, then the program ends in the given ORDER (see
-:data:`ORDERS`). ``rule``: a DDP step built the way CASE says, run graphed beside its eager
-twin; prints ``RESULT ...`` with what happened (the capture's error, or the differences).
+:data:`ORDERS`). ``rule``: for each CASE (see :data:`CASES`), a DDP step built that way, run
+graphed beside its eager twin; prints ``RESULT ...`` with what happened (the capture's error,
+or the differences).
 Rank 0 prints the lines the tests read.
 """
 
@@ -137,25 +138,27 @@ def rule_step(setup, warmup=11, static_graph=True, find_unused_parameters=False,
     return graphed, step_of(eager_model, twin_opt), graphed_model, eager_model
 
 
-def rule(case: str) -> None:
+def rule(cases: list[str]) -> None:
     setup = init()
-    graphed, eager, graphed_model, eager_model = rule_step(setup, **CASES[case])
-    batches = make_batches(setup, 16, BATCH, WIDTH)
-    try:
-        eager_run = run(eager, batches, 0, setup.device)
-        graphed_run = run(graphed, batches, 0, setup.device)
-    except CaptureError as err:
-        say(f"RESULT {case}: CaptureError cause={err.cause}")
-        say(str(err))
-    except Exception as exc:  # noqa: BLE001 - reported for the test to read
-        say(f"RESULT {case}: {type(exc).__name__}")
-        say("".join(traceback.format_exception(exc))[-3000:])
-    else:
-        loss = (eager_run.losses - graphed_run.losses).abs().max().item()
-        params = max((p - q).abs().max().item() for p, q in zip(eager_model.parameters(), graphed_model.parameters()))
-        say(f"RESULT {case}: state={graphed.state} captures={graphed.stats.captures} replays={graphed.stats.replays} "
-            f"loss_diff={loss:.3e} param_diff={params:.3e}")
-    dist.barrier()
+    for case in cases:
+        graphed, eager, graphed_model, eager_model = rule_step(setup, **CASES[case])
+        batches = make_batches(setup, 16, BATCH, WIDTH)
+        try:
+            eager_run = run(eager, batches, 0, setup.device)
+            graphed_run = run(graphed, batches, 0, setup.device)
+        except CaptureError as err:
+            say(f"RESULT {case}: CaptureError cause={err.cause}")
+            say(str(err))
+        except Exception as exc:  # noqa: BLE001 - reported for the test to read
+            say(f"RESULT {case}: {type(exc).__name__}")
+            say("".join(traceback.format_exception(exc))[-3000:])
+        else:
+            loss = (eager_run.losses - graphed_run.losses).abs().max().item()
+            params = max((p - q).abs().max().item() for p, q in zip(eager_model.parameters(),
+                                                                    graphed_model.parameters()))
+            say(f"RESULT {case}: state={graphed.state} captures={graphed.stats.captures} "
+                f"replays={graphed.stats.replays} loss_diff={loss:.3e} param_diff={params:.3e}")
+        dist.barrier()
     dist.destroy_process_group()
 
 
@@ -185,11 +188,11 @@ if __name__ == "__main__":
     p = sub.add_parser("exit")
     p.add_argument("order", choices=ORDERS)
     p.add_argument("--model", choices=("ddp", "fsdp"), default="ddp")
-    sub.add_parser("rule").add_argument("case", choices=CASES)
+    sub.add_parser("rule").add_argument("cases", nargs="+", choices=CASES)
     args = parser.parse_args()
     if args.what == "examples":
         examples(args.steps)
     elif args.what == "exit":
         exit_order(args.order, args.model)
     else:
-        rule(args.case)
+        rule(args.cases)
