@@ -303,3 +303,10 @@ def test_a_wrapper_on_the_second_gpu_captures_and_replays_there(mark):
     assert segments and {s["device"] for s in segments} == {1}
     with pytest.raises(InputMismatchError, match=re.escape("args[0]: expected device cuda:1, got cuda:0")):
         graphed(torch.randn(4, 8, device="cuda:0"))
+    # built without device=, a wrapper takes the current device, and says so at its capture
+    other = CudaGraphModule(lambda x: x * 2)
+    x = torch.ones(3, device=second)
+    other(x), other(x)
+    with pytest.raises(InputMismatchError, match=re.escape("asked to capture on cuda:0")) as info:
+        other(x)
+    assert "args[0]: expected device cuda:0, got cuda:1" in str(info.value)
