@@ -40,21 +40,19 @@ def measure(setup, mode: str, size: Size, warmup: int = 11) -> dict:
     import copy
 
     from examples import ddp_train_step, fsdp_train_step
-    from examples.distributed_setup import compare, make_batches, mlp, run, train_step
+    from examples.distributed_setup import Pair, mlp, race, train_step
     from graphmodule import CudaGraphModule
 
     model = mlp(size.width, size.depth, setup.device)
-    twin = copy.deepcopy(model)
-    if mode == "ddp":
-        graphed_model, eager_model = ddp_train_step.ddp(model, setup), ddp_train_step.ddp(twin, setup, side_stream=False)
+    if mode == "ddp":  # (an eager DDP runs on the default stream and is built there)
+        graphed_model, eager_model = ddp_train_step.ddp(copy.deepcopy(model), setup), ddp_train_step.ddp(
+            model, setup, side_stream=False)
     else:
-        graphed_model, eager_model = fsdp_train_step.shard(model, setup), fsdp_train_step.shard(twin, setup)
+        graphed_model, eager_model = fsdp_train_step.shard(copy.deepcopy(model), setup), fsdp_train_step.shard(
+            model, setup)
     graphed = CudaGraphModule(train_step(graphed_model, setup.device), warmup=warmup, backend=setup.graph_backend)
-    batches = make_batches(setup, size.steps, size.batch, size.width)
-    untimed = min(warmup + 1, size.steps)
-    eager_run = run(train_step(eager_model, setup.device), batches, untimed, setup.device)
-    graphed_run = run(graphed, batches, untimed, setup.device)
-    return compare(eager_run, graphed_run, eager_model, graphed_model)
+    pair = Pair(graphed, train_step(eager_model, setup.device), graphed_model, eager_model)
+    return race(setup, pair, size.steps, size.batch, size.width, min(warmup + 1, size.steps))
 
 
 def worker(sizes: list[str], modes: list[str]) -> None:

@@ -38,11 +38,10 @@ if __package__ in (None, ""):  # run as a file: make ``examples`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from examples.distributed_setup import Setup, compare, flags, init, make_batches, mlp, report, run, train_step
+from examples.distributed_setup import Pair, Setup, finish, flags, init, mlp, train_step
 from graphmodule import CudaGraphModule
 
 DDP_WARMUP = 11  # DDP waits for the GPU in its first 11 forward passes with gradients
@@ -70,23 +69,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = flags(__doc__.splitlines()[0], warmup=DDP_WARMUP).parse_args(argv)
     setup = init(args.graph_backend)
     model = mlp(args.width, args.depth, setup.device)
-    twin = copy.deepcopy(model)
-    graphed_model, eager_model = ddp(model, setup), ddp(twin, setup, side_stream=False)
+    graphed_model, eager_model = ddp(copy.deepcopy(model), setup), ddp(model, setup, side_stream=False)
     graphed = CudaGraphModule(train_step(graphed_model, setup.device), warmup=args.warmup,
                               backend=setup.graph_backend)
-    batches = make_batches(setup, args.steps, args.batch, args.width)
-    untimed = min(args.warmup + 1, args.steps)
-    eager_run = run(train_step(eager_model, setup.device), batches, untimed, setup.device)
-    graphed_run = run(graphed, batches, untimed, setup.device)
-    title = (f"DDP train step, {setup.world} process(es) ({dist.get_backend()}, {setup.device.type}), graph backend "
-             f"{setup.graph_backend!r}, MLP {args.depth}x{args.width}, batch {args.batch} per process, "
-             f"{args.steps} steps ({untimed} untimed)")
-    numbers = compare(eager_run, graphed_run, eager_model, graphed_model)
-    report(title, setup, args.batch, numbers, graphed.stats)
-    if setup.owns_group:
-        dist.barrier()  # every rank done before any tears the group down
-        dist.destroy_process_group()  # (the wrapper is alive: its graphs are released first)
-    return numbers
+    return finish("DDP", setup, args, Pair(graphed, train_step(eager_model, setup.device), graphed_model, eager_model))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Run", "Setup", "compare", "flags", "init", "make_batches", "mlp", "report", "run", "train_step"]
+__all__ = ["Pair", "Run", "Setup", "compare", "finish", "flags", "init", "make_batches", "mlp", "race", "report", "run",
+           "train_step"]
 
 
 class Setup(NamedTuple):
@@ -28,6 +29,15 @@ class Setup(NamedTuple):
     device: torch.device
     graph_backend: str  # CudaGraphModule's backend: "cuda" on GPUs, "simulate" on CPU
     owns_group: bool  # this program initialized the process group (and destroys it)
+
+
+class Pair(NamedTuple):
+    """A graphed step and its eager twin, over models built alike from the same weights."""
+
+    graphed: Callable  # the CudaGraphModule
+    eager: Callable
+    graphed_model: nn.Module
+    eager_model: nn.Module
 
 
 class Run(NamedTuple):
@@ -86,10 +96,12 @@ def make_batches(setup: Setup, steps: int, batch: int, width: int) -> list[tuple
              torch.randn(batch, width, device=setup.device, generator=gen)) for _ in range(steps)]
 
 
-def train_step(model: nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def train_step(model: nn.Module, device: torch.device,
+               capturable: bool | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Forward, backward (the gradient collectives), and Adam's step: one call."""
-    # capturable=True keeps Adam's step counts on the GPU, as a graph needs
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=device.type == "cuda")
+    # capturable=True (the default on GPUs) keeps Adam's step counts on the GPU, as a graph needs
+    capturable = device.type == "cuda" if capturable is None else capturable
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=capturable)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = F.mse_loss(model(x), y)
@@ -153,3 +165,25 @@ def report(title: str, setup: Setup, batch: int, numbers: dict, stats) -> None:
           f"rank(s); max |param graphed - eager| = {numbers['param_diff']:.3e}")
     print(f"  graphed stats: {stats.warmup_calls} warmup, {stats.captures} capture, {stats.replays} replays, "
           f"{stats.eager_calls} eager")
+
+
+def race(setup: Setup, pair: Pair, steps: int, batch: int, width: int, untimed: int) -> dict:
+    """Both steps over the same batches (``steps`` of them, the first ``untimed`` untimed)."""
+    batches = make_batches(setup, steps, batch, width)
+    eager = run(pair.eager, batches, untimed, setup.device)
+    graphed = run(pair.graphed, batches, untimed, setup.device)
+    return compare(eager, graphed, pair.eager_model, pair.graphed_model)
+
+
+def finish(name: str, setup: Setup, args: argparse.Namespace, pair: Pair) -> dict:
+    """An example's end: the race with its flags, the report, the process group torn down."""
+    untimed = min(args.warmup + 1, args.steps)
+    numbers = race(setup, pair, args.steps, args.batch, args.width, untimed)
+    title = (f"{name} train step, {setup.world} process(es) ({dist.get_backend()}, {setup.device.type}), graph "
+             f"backend {setup.graph_backend!r}, MLP {args.depth}x{args.width}, batch {args.batch} per process, "
+             f"{args.steps} steps ({untimed} untimed)")
+    report(title, setup, args.batch, numbers, pair.graphed.stats)
+    if setup.owns_group:
+        dist.barrier()  # every rank done before any tears the group down
+        dist.destroy_process_group()  # (the wrapper is alive: its graphs are released first)
+    return numbers

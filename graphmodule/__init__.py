@@ -20,6 +20,8 @@ Modules, one concept each:
 - ``_mode``: grad mode, train/eval, interaction type: part of the signature.
 - ``_capture``: the only module that touches CUDA graphs (and its CPU stand-ins).
 - ``_diagnose``: the likely cause of a failed capture.
+- ``_distributed``: graphs beside ``torch.distributed``: released before their process group
+  goes; the rules of capturing a DDP step.
 - ``_dispatch``: TensorDict keys, calling conventions, keyword order.
 - ``_paths``: names of places in a call, for messages.
 - ``_errors``, ``_stats``: what users catch and read.

@@ -19,8 +19,8 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 
+from examples.distributed_setup import mlp, train_step
 from graphmodule import CaptureError, CudaGraphModule, GraphStateError, InputMismatchError
 from tests.distributed.launch import ROOT, torchrun
 from tests.distributed.worker import ORDERS
@@ -96,73 +96,59 @@ class TestRelease:
 
 
 def ddp_step(warmup=11, **ddp_kwargs):
-    """A graphed DDP train step and its eager twin (CPU, simulated graphs)."""
+    """A graphed DDP train step and its eager twin (CPU, simulated graphs): ``step(x, y)``."""
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-    twin = copy.deepcopy(net)
-
-    def step_of(model):
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-
-        def step(x):
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return step
-
-    graphed = CudaGraphModule(step_of(DistributedDataParallel(net, **ddp_kwargs)), warmup=warmup, backend="simulate")
-    return graphed, step_of(DistributedDataParallel(twin, **ddp_kwargs))
+    net = mlp(4, 2, torch.device("cpu"))
+    graphed_model, eager_model = DistributedDataParallel(copy.deepcopy(net), **ddp_kwargs), DistributedDataParallel(
+        net, **ddp_kwargs)
+    graphed = CudaGraphModule(train_step(graphed_model, torch.device("cpu")), warmup=warmup, backend="simulate")
+    return graphed, train_step(eager_model, torch.device("cpu"))
 
 
 class TestRules:
     def test_a_ddp_step_warmed_up_enough_is_captured_and_matches_eager(self, group):
         graphed, eager = ddp_step(static_graph=True)
-        xs = torch.randn(15, 2, 4)
-        for x in xs:
-            assert torch.equal(graphed(x), eager(x))
+        for x, y in torch.randn(15, 2, 2, 4):
+            assert torch.equal(graphed(x, y), eager(x, y))
         assert (graphed.state, graphed.stats.replays) == ("captured", 4)
 
     def test_too_few_warmup_calls_for_ddp_raise_before_capturing(self, group):
         graphed, _ = ddp_step(warmup=3, static_graph=True)
         for _ in range(3):
-            graphed(torch.randn(2, 4))
+            graphed(*torch.randn(2, 2, 4))
         with pytest.raises(CaptureError) as info:
-            graphed(torch.randn(2, 4))
+            graphed(*torch.randn(2, 2, 4))
         assert info.value.cause == "ddp-warmup"
         assert str(info.value) == (
             "CudaGraphModule(step) failed to capture its CUDA graph: RuntimeError: DistributedDataParallel(Sequential) "
             "ran 3 forward pass(es) with gradients before this capture; a capture needs 11 before it (closure "
-            "variable 'model' of ddp_step.<locals>.step_of.<locals>.step).\n"
+            "variable 'model' of train_step.<locals>.step).\n"
             "Likely cause (ddp-warmup): DistributedDataParallel waits for the GPU in its first 11 forward passes with "
             "gradients (it times them for its runtime statistics) and rebuilds its gradient buckets in the second. "
             "Warm up longer: CudaGraphModule(step, warmup=11) or more (forward passes run outside the wrapper count "
             "too)."
         )
         with pytest.raises(GraphStateError, match="failed to capture its graph earlier"):
-            graphed(torch.randn(2, 4))
+            graphed(*torch.randn(2, 2, 4))
 
     def test_a_cross_stream_failure_with_ddp_names_the_stream_ddp_was_built_on(self, group):
         # what a DDP built on the default stream makes its backward raise under capture (GPU)
         graphed, _ = ddp_step()
         step, fail = graphed.module, [False]
 
-        def fn(x):
+        def fn(x, y):
             if fail[0]:
                 raise RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking "
                                    "stream")
-            return step(x)
+            return step(x, y)
 
         g = CudaGraphModule(fn, warmup=11, backend="simulate")
         for _ in range(11):
-            g(torch.randn(2, 4))
+            g(*torch.randn(2, 2, 4))
         fail[0] = True
         with pytest.raises(CaptureError) as info:
-            g(torch.randn(2, 4))
+            g(*torch.randn(2, 2, 4))
         assert info.value.cause == "ddp-default-stream"
         assert str(info.value).startswith("CudaGraphModule(fn) failed to capture its CUDA graph at test_distributed.py:")
         assert str(info.value).endswith(
@@ -190,12 +176,11 @@ class TestRules:
     def test_a_refused_ddp_step_runs_eagerly_with_on_capture_failure_eager(self, group):
         graphed, eager = ddp_step(warmup=2, static_graph=True)
         graphed = CudaGraphModule(graphed.module, warmup=2, backend="simulate", on_capture_failure="eager")
-        xs = torch.randn(4, 2, 4)
-        results = []
+        batches = torch.randn(4, 2, 2, 4)
         with pytest.warns(UserWarning, match=r"Likely cause \(ddp-warmup\)"):
-            results = [graphed(x) for x in xs]
+            results = [graphed(x, y) for x, y in batches]
         assert graphed.state == "eager"
-        assert all(torch.equal(r, eager(x)) for r, x in zip(results, xs))
+        assert all(torch.equal(r, eager(x, y)) for r, (x, y) in zip(results, batches))
 
 
 def results(output: str) -> dict[str, str]:
@@ -210,6 +195,16 @@ def test_the_examples_steps_under_torchrun_match_eager_on_cpu():
     assert found["ddp"] == "loss_diff=0.000e+00 param_diff=0.000e+00"
     assert found["fsdp"] == "loss_diff=0.000e+00 param_diff=0.000e+00"
     assert found["destroy"] == "captured=captured after=warmup graphs=0"
+
+
+@pytest.mark.parametrize("example", ["ddp_train_step.py", "fsdp_train_step.py"])
+def test_an_example_run_as_a_file_is_a_group_of_one(example):
+    args = ["--steps", "13", "--width", "8", "--depth", "2", "--batch", "2"]
+    proc = subprocess.run([sys.executable, f"examples/{example}", *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 process(es)" in proc.stdout
+    assert "max |loss graphed - eager| = 0.000e+00 over 13 steps on 1 rank(s)" in proc.stdout
 
 
 # -- two GPUs ---------------------------------------------------------------------------------
@@ -278,31 +273,19 @@ def test_a_ddp_step_is_captured_or_refused_with_its_cause(case, request):
 def test_a_wrapper_on_the_second_gpu_captures_and_replays_there(mark):
     assert torch.cuda.current_device() == 0
     second = torch.device("cuda", 1)
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).to(second)
-    twin = copy.deepcopy(net)
-    opts = [torch.optim.Adam(m.parameters(), lr=1e-2, capturable=True) for m in (net, twin)]
-
-    def step_of(model, opt):
-        def step(x):
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.detach()
-        return step
-
-    graphed, eager = CudaGraphModule(step_of(net, opts[0]), device=second), step_of(twin, opts[1])
-    for _ in range(6):
-        x = torch.randn(4, 8, device=second)
-        assert torch.equal(graphed(x), eager(x))
+    net = mlp(8, 2, second)
+    graphed_model, eager_model = copy.deepcopy(net), net
+    graphed = CudaGraphModule(train_step(graphed_model, second), device=second)
+    eager = train_step(eager_model, second)
+    for x, y in torch.randn(6, 2, 4, 8, device=second):
+        assert torch.equal(graphed(x, y), eager(x, y))
     assert (graphed.state, graphed.stats.replays, graphed.device) == ("captured", 4, second)
     assert torch.cuda.current_device() == 0
     pool = tuple(graphed.pool.id)
     segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool]
     assert segments and {s["device"] for s in segments} == {1}
     with pytest.raises(InputMismatchError, match=re.escape("args[0]: expected device cuda:1, got cuda:0")):
-        graphed(torch.randn(4, 8, device="cuda:0"))
+        graphed(*torch.randn(2, 4, 8, device="cuda:0"))
     # built without device=, a wrapper takes the current device, and says so at its capture
     other = CudaGraphModule(lambda x: x * 2)
     x = torch.ones(3, device=second)

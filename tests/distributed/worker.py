@@ -29,7 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from examples import ddp_train_step, fsdp_train_step  # noqa: E402
-from examples.distributed_setup import init, make_batches, mlp, run, train_step  # noqa: E402
+from examples.distributed_setup import Pair, init, make_batches, mlp, race, run, train_step  # noqa: E402
 from graphmodule import CaptureError, CudaGraphModule  # noqa: E402
 
 #: how a program ends once its wrapper has captured collectives
@@ -42,7 +42,7 @@ ORDERS = {
     "reset": "reset() on the wrapper, then destroy_process_group() (by hand)",
 }
 
-#: DDP steps by how they are built: (keyword arguments of rule_step)
+#: DDP steps by how they are built: (keyword arguments of rule_pair)
 CASES = {
     "ok": {},
     "warmup2": {"warmup": 2},
@@ -102,8 +102,8 @@ def exit_order(order: str, model: str) -> None:
     say("exit")
 
 
-def rule_step(setup, warmup=11, static_graph=True, find_unused_parameters=False, side_stream=True,
-              capturable=True, gloo=False, fsdp=False):
+def rule_pair(setup, warmup=11, static_graph=True, find_unused_parameters=False, side_stream=True,
+              capturable=True, gloo=False, fsdp=False) -> Pair:
     """A graphed step and its eager twin, built as asked."""
     def build(net):
         if fsdp:
@@ -119,33 +119,19 @@ def rule_step(setup, warmup=11, static_graph=True, find_unused_parameters=False,
         return out
 
     net = mlp(WIDTH, DEPTH, setup.device)
-    twin = copy.deepcopy(net)
-    graphed_model, eager_model = build(net), build(twin)
-    cuda = setup.device.type == "cuda" and capturable
-    opt = torch.optim.Adam(graphed_model.parameters(), lr=1e-3, capturable=cuda)
-    twin_opt = torch.optim.Adam(eager_model.parameters(), lr=1e-3, capturable=cuda)
-
-    def step_of(model, optimizer):
-        def step(x, y):
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            return loss.detach()
-        return step
-
-    graphed = CudaGraphModule(step_of(graphed_model, opt), warmup=warmup, backend=setup.graph_backend)
-    return graphed, step_of(eager_model, twin_opt), graphed_model, eager_model
+    graphed_model, eager_model = build(copy.deepcopy(net)), build(net)
+    capturable = capturable and setup.device.type == "cuda"
+    graphed = CudaGraphModule(train_step(graphed_model, setup.device, capturable), warmup=warmup,
+                              backend=setup.graph_backend)
+    return Pair(graphed, train_step(eager_model, setup.device, capturable), graphed_model, eager_model)
 
 
 def rule(cases: list[str]) -> None:
     setup = init()
     for case in cases:
-        graphed, eager, graphed_model, eager_model = rule_step(setup, **CASES[case])
-        batches = make_batches(setup, 16, BATCH, WIDTH)
+        pair = rule_pair(setup, **CASES[case])
         try:
-            eager_run = run(eager, batches, 0, setup.device)
-            graphed_run = run(graphed, batches, 0, setup.device)
+            numbers = race(setup, pair, 16, BATCH, WIDTH, 0)
         except CaptureError as err:
             say(f"RESULT {case}: CaptureError cause={err.cause}")
             say(str(err))
@@ -153,11 +139,9 @@ def rule(cases: list[str]) -> None:
             say(f"RESULT {case}: {type(exc).__name__}")
             say("".join(traceback.format_exception(exc))[-3000:])
         else:
-            loss = (eager_run.losses - graphed_run.losses).abs().max().item()
-            params = max((p - q).abs().max().item() for p, q in zip(eager_model.parameters(),
-                                                                    graphed_model.parameters()))
-            say(f"RESULT {case}: state={graphed.state} captures={graphed.stats.captures} "
-                f"replays={graphed.stats.replays} loss_diff={loss:.3e} param_diff={params:.3e}")
+            stats = pair.graphed.stats
+            say(f"RESULT {case}: state={pair.graphed.state} captures={stats.captures} replays={stats.replays} "
+                f"loss_diff={numbers['loss_diff']:.3e} param_diff={numbers['param_diff']:.3e}")
         dist.barrier()
     dist.destroy_process_group()
 
