@@ -35,6 +35,8 @@ Modules, one concept each:
 - ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
   three runners (CUDA, simulated on any device, eager).
 - ``_diagnose``: the likely cause of a failed capture.
+- ``_distributed``: graphs beside ``torch.distributed``: released before their process group
+  goes; the rules of capturing a DDP step.
 - ``_dispatch``: TensorDict keys, calling conventions, keyword order.
 - ``_paths``: names of places in a call, for messages.
 - ``_errors``, ``_stats``: what users catch and read.

@@ -6,7 +6,7 @@ Python at every eager call: it appends to a log, stores an activation, counts. A
 no Python, so such a hook would run once, at capture. Hooks present at capture are refused,
 naming the module and the hook (:func:`refuse`), except those that only compute tensors the
 graph records and keep no Python state (:func:`pure`: torch's old-style ``weight_norm``,
-``spectral_norm`` and pruning hooks, tensordict's ``select_out_keys``); backward hooks only
+``spectral_norm`` and pruning hooks, tensordict's ``select_out_keys``, FSDP2's forward hooks); backward hooks only
 where the capture records autograd (grad mode), since only a backward runs them. Hooks added
 or removed after the capture make the graph stale (:class:`HookWatch`, read by
 :class:`~graphmodule._stale.Watch`).
@@ -92,13 +92,28 @@ def _pure_types() -> tuple[type, ...]:
 _PURE = _pure_types()
 
 
+def _pure_owner_types() -> tuple[type, ...]:
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    except ImportError:  # pragma: no cover - a torch without FSDP2
+        return ()
+    return (FSDPState,)
+
+
+# objects whose bound methods are pure hooks: FSDP2's pre/post-forward hooks all-gather and
+# free the sharded parameters (collectives the graph records); a captured whole train step
+# replays bit for bit as eagerly (multi-GPU guide)
+_PURE_OWNERS = _pure_owner_types()
+
+
 def pure(hook: Any) -> bool:
     """Whether ``hook`` only computes tensors (recorded by the capture, replayed faithfully) and
     keeps no Python state: the weight of old-style ``weight_norm``/``spectral_norm`` and of
     pruning, recomputed from their parameters before each forward (the module's ``weight``
     attribute then holds the graph's own buffer, refreshed by every replay), and tensordict's
-    ``select_out_keys``, whose change to the output TensorDict is replayed as an effect."""
-    return isinstance(hook, _PURE)
+    ``select_out_keys``, whose change to the output TensorDict is replayed as an effect; and
+    FSDP2's forward hooks, whose collectives the graph records."""
+    return isinstance(hook, _PURE) or isinstance(getattr(hook, "__self__", None), _PURE_OWNERS)
 
 
 def hook_dicts(modules: list[tuple[nn.Module, str]], backward: bool) -> list[HookDict]:

@@ -28,6 +28,7 @@ from tensordict.nn import dispatch
 
 from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
+from ._distributed import check_capture, explain_failure, note_capture
 from ._entry import OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import mismatch_error
@@ -294,8 +295,10 @@ class CudaGraphModule(WrapperSurface):
             self._run_eagerly_from_now(call, reader, mode)
             return self.module(*args, **kwargs)
         try:
+            check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
             entry = self._graphs.capture(call, mode)
         except CaptureError as err:
+            err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
             if err.cause != USER_ERROR:
                 return self._capture_failed(err, call, mode, reader)
             # The function raised while it was captured, with no sign of the capture being to
@@ -306,6 +309,7 @@ class CudaGraphModule(WrapperSurface):
             return self._capture_failed(err, call, mode, reader, ran=out)
         self._mode = reader
         self._state = State.CAPTURED
+        note_capture(self)  # released before its process groups are destroyed (_distributed)
         return entry.finish(call.leaves, call.objs, call.tree)
 
     def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, ran: Any = _NOTHING) -> Any:
