@@ -40,7 +40,7 @@ def measure(setup, mode: str, size: Size, warmup: int = 11) -> dict:
     import copy
 
     from examples import ddp_train_step, fsdp_train_step
-    from examples.distributed_setup import Pair, mlp, race, train_step
+    from examples.common.distributed import Pair, mlp, race, train_step
     from graphmodule import CudaGraphModule
 
     model = mlp(size.width, size.depth, setup.device)
@@ -59,7 +59,7 @@ def worker(sizes: list[str], modes: list[str]) -> None:
     """One process of the group: every size and mode; rank 0 prints a ``ROW`` line for each."""
     import torch.distributed as dist
 
-    from examples.distributed_setup import init
+    from examples.common.distributed import init
 
     setup = init()
     for name in sizes:

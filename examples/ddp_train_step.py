@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from examples.distributed_setup import Pair, Setup, finish, flags, init, mlp, train_step
+from examples.common.distributed import Pair, Setup, finish, flags, init, mlp, train_step
 from graphmodule import CudaGraphModule
 
 DDP_WARMUP = 11  # DDP waits for the GPU in its first 11 forward passes with gradients

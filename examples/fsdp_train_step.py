@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from examples.distributed_setup import Pair, Setup, finish, flags, init, mlp, train_step
+from examples.common.distributed import Pair, Setup, finish, flags, init, mlp, train_step
 from graphmodule import CudaGraphModule
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from examples.distributed_setup import mlp, train_step
+from examples.common.distributed import mlp, train_step
 from graphmodule import CaptureError, CudaGraphModule, GraphStateError, InputMismatchError
 from tests.distributed.launch import ROOT, torchrun
 from tests.distributed.worker import ORDERS

@@ -29,7 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from examples import ddp_train_step, fsdp_train_step  # noqa: E402
-from examples.distributed_setup import Pair, init, make_batches, mlp, race, run, train_step  # noqa: E402
+from examples.common.distributed import Pair, init, make_batches, mlp, race, run, train_step  # noqa: E402
 from graphmodule import CaptureError, CudaGraphModule  # noqa: E402
 
 #: how a program ends once its wrapper has captured collectives
