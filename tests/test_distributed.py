@@ -188,9 +188,11 @@ def results(output: str) -> dict[str, str]:
 
 
 def test_the_examples_steps_under_torchrun_match_eager_on_cpu():
-    """The CI smoke: two processes on gloo, simulated graphs, both examples' steps."""
-    ended = torchrun(["examples"], timeout=120)
+    """The CI smoke: two processes on gloo, simulated graphs, both examples' steps. CUDA is
+    hidden from the workers: on a machine with GPUs they would take NCCL and a GPU each."""
+    ended = torchrun(["examples"], timeout=120, env={"CUDA_VISIBLE_DEVICES": ""})
     assert ended.code == 0, ended.output[-3000:]
+    assert ended.output.count("2 process(es) (gloo, cpu), graph backend 'simulate'") == 2, ended.output[-3000:]
     found = results(ended.output)
     assert found["ddp"] == "loss_diff=0.000e+00 param_diff=0.000e+00"
     assert found["fsdp"] == "loss_diff=0.000e+00 param_diff=0.000e+00"
