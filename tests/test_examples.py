@@ -46,14 +46,24 @@ print(json.dumps(results))
 """
 
 
+def _path_without_the_repository(site: str) -> str:
+    """``site`` then this environment's PYTHONPATH less the repository: where the packages
+    come from a folder on PYTHONPATH (as scripts/wheels.sh installs them), they stay importable."""
+    here = os.path.realpath(ROOT)
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and os.path.realpath(p) != here]
+    return os.pathsep.join([site, *kept])
+
+
 @pytest.fixture(scope="module")
 def helps(tmp_path_factory):
     folder = tmp_path_factory.mktemp("elsewhere")
     (folder / "site").mkdir()
     (folder / "site" / "graphmodule").symlink_to(os.path.join(ROOT, "graphmodule"))
     paths = [os.path.join(ROOT, "examples", name) for name in RUNNABLE]
+    env = dict(os.environ, PYTHONPATH=_path_without_the_repository(str(folder / "site")))
     proc = subprocess.run([sys.executable, "-c", _HELP, *paths], capture_output=True, text=True, timeout=300,
-                          cwd=folder, env=dict(os.environ, PYTHONPATH=str(folder / "site")))
+                          cwd=folder, env=env)
     assert proc.returncode == 0, proc.stderr
     return {os.path.basename(path): result for path, result in json.loads(proc.stdout.splitlines()[-1]).items()}
 
