@@ -51,3 +51,10 @@ def graph_backend(request):
         yield "cuda"
     finally:
         torch.set_default_device(previous)
+
+
+@pytest.fixture
+def ones(graph_backend):
+    """``torch.ones(2, 3)`` on the device a ``graph_backend`` test runs on (CUDA under "cuda"):
+    a tensor made at import is on the CPU, whatever the backend."""
+    return torch.ones(2, 3)

@@ -19,9 +19,9 @@ def _net():
     return nn.Sequential(nn.Linear(3, 3), nn.ReLU())
 
 
-def _calls(g, n=3, **kwargs):
+def _calls(g, n=3, x=X):
     with torch.no_grad():
-        return [g(X + i, **kwargs) for i in range(n)]
+        return [g(x + i) for i in range(n)]
 
 
 def log_activation(module, args, output):
@@ -32,13 +32,13 @@ LOG: list = []
 
 
 class TestRefusedAtCapture:
-    def test_a_forward_hook_with_a_python_effect(self, graph_backend):
+    def test_a_forward_hook_with_a_python_effect(self, graph_backend, ones):
         net = _net()
         handle = net[0].register_forward_hook(log_activation)
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
         with torch.no_grad(), pytest.raises(UnsupportedError) as info:
             for _ in range(10):
-                g(X)
+                g(ones)
         assert str(info.value) == (
             "CudaGraphModule(Sequential) cannot replay this call as a CUDA graph: expected no Python hooks on the "
             "modules the graph runs, got forward hook 'log_activation' (register_forward_hook) on module.0: a replay "
@@ -47,8 +47,8 @@ class TestRefusedAtCapture:
             "the wrapped function, or keep that module out of the wrapped function."
         )
         handle.remove()  # the wrapper was left as if the call had not been made
-        out = _calls(g)[-1]
-        torch.testing.assert_close(out, net(X + 2))
+        out = _calls(g, x=ones)[-1]
+        torch.testing.assert_close(out, net(ones + 2))
         assert g.stats.captures == 1
 
     def test_a_forward_pre_hook(self):
@@ -69,7 +69,7 @@ class TestRefusedAtCapture:
         finally:
             handle.remove()
 
-    def test_a_backward_hook_in_a_train_step(self, graph_backend):
+    def test_a_backward_hook_in_a_train_step(self, graph_backend, ones):
         net = _net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         net[1].register_full_backward_hook(lambda module, grad_in, grad_out: None)
@@ -82,11 +82,11 @@ class TestRefusedAtCapture:
             return loss.detach()
 
         g = CudaGraphModule(step, warmup=1, backend=graph_backend)
-        g(X)
+        g(ones)
         weight = net[0].weight.detach().clone()
         with pytest.raises(UnsupportedError, match=r"got backward hook '.*<lambda>' \(register_full_backward_hook\) "
                                                    r"on closure variable 'net' of .*step\.1:"):
-            g(X)
+            g(ones)
         assert torch.equal(net[0].weight, weight)  # refused before the step ran
 
     def test_a_backward_hook_is_not_run_without_grad(self):
@@ -97,13 +97,13 @@ class TestRefusedAtCapture:
 
 
 class TestWatchedAfterCapture:
-    def test_a_hook_added(self, graph_backend):
+    def test_a_hook_added(self, graph_backend, ones):
         net = _net()
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
-        _calls(g)
+        _calls(g, x=ones)
         handle = net[0].register_forward_hook(log_activation)
         with torch.no_grad(), pytest.raises(StaleGraphError) as info:
-            g(X)
+            g(ones)
         assert str(info.value).splitlines()[:2] == [
             "CudaGraphModule(Sequential) was captured reading state that has changed since:",
             "  module.0: forward hook 'log_activation' (register_forward_hook) added since the capture, which a "
@@ -111,7 +111,7 @@ class TestWatchedAfterCapture:
         ]
         handle.remove()
         replays = g.stats.replays
-        torch.testing.assert_close(_calls(g, 1)[0], net(X))
+        torch.testing.assert_close(_calls(g, 1, x=ones)[0], net(ones))
         assert g.stats.replays == replays + 1
 
     def test_a_hook_added_with_recapture_is_refused_at_the_capture(self):
@@ -178,11 +178,11 @@ class TestPureHooks:
                 torch.testing.assert_close(g(x), twin(x))
         assert g.stats.captures == 1
 
-    def test_select_out_keys(self, graph_backend):
+    def test_select_out_keys(self, graph_backend, ones):
         module = TensorDictModule(nn.Linear(3, 3), in_keys=["x"], out_keys=["y", ]).select_out_keys("y")
         g = CudaGraphModule(module, warmup=1, backend=graph_backend)
         with torch.no_grad():
             for i in range(4):
-                td = TensorDict(x=X + i, batch_size=[2])
+                td = TensorDict(x=ones + i, batch_size=[2])
                 assert sorted(g(td).keys()) == ["x", "y"]
         assert g.stats.captures == 1

@@ -193,18 +193,18 @@ def _autocast_text(cache_enabled):
 class TestAutocast:
     """torch.autocast decides each op's dtype when the op is recorded: part of the mode."""
 
-    def _captured(self, fn, backend, autocast=None, **options):
+    def _captured(self, fn, backend, ones, autocast=None, **options):
         g = CudaGraphModule(fn, warmup=1, backend=backend, **options)
         with torch.no_grad(), (autocast if autocast is not None else contextlib.nullcontext()):
             for _ in range(3):
-                g(X)
+                g(ones)
         return g
 
-    def test_called_under_autocast_after_a_capture_without(self, graph_backend):
+    def test_called_under_autocast_after_a_capture_without(self, graph_backend, ones):
         net = nn.Linear(3, 3)
-        g = self._captured(net, graph_backend)
+        g = self._captured(net, graph_backend, ones)
         with torch.no_grad(), _autocast(cache_enabled=False), pytest.raises(InputMismatchError) as info:
-            g(X)
+            g(ones)
         assert str(info.value) == (
             "CudaGraphModule(Linear) was captured with other inputs than this call's (1 mismatch):\n"
             f"  torch.autocast: expected autocast off, got {_autocast_text(False)}\n"
@@ -213,11 +213,11 @@ class TestAutocast:
             "around every call), or pass max_graphs=2 to keep one graph per state."
         )
 
-    def test_called_without_autocast_after_a_capture_under_it(self, graph_backend):
+    def test_called_without_autocast_after_a_capture_under_it(self, graph_backend, ones):
         net = nn.Linear(3, 3)
-        g = self._captured(net, graph_backend, _autocast(cache_enabled=False))
+        g = self._captured(net, graph_backend, ones, _autocast(cache_enabled=False))
         with torch.no_grad(), pytest.raises(InputMismatchError) as info:
-            g(X)
+            g(ones)
         assert [m.describe() for m in info.value.mismatches] == [
             f"torch.autocast: expected autocast {_autocast_text(False)}, got off"
         ]
@@ -235,13 +235,13 @@ class TestAutocast:
                 torch.testing.assert_close(out, expected)
         assert g.stats.captures == 2 and g.stats.graphs == 2
 
-    def test_the_cast_cache_on_is_refused_at_capture(self, graph_backend):
+    def test_the_cast_cache_on_is_refused_at_capture(self, graph_backend, ones):
         net = nn.Linear(3, 3)
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
         with torch.no_grad(), _autocast(cache_enabled=True):
-            g(X)
+            g(ones)
             with pytest.raises(UnsupportedError) as info:
-                g(X)
+                g(ones)
         assert str(info.value) == (
             "CudaGraphModule(Linear) cannot replay this call as a CUDA graph: expected autocast's cast cache "
             f"off around a captured call, got {_autocast_text(True)} at module.weight: autocast casts "
@@ -251,28 +251,28 @@ class TestAutocast:
             "or enter torch.autocast inside the wrapped function."
         )
         with torch.no_grad(), _autocast(cache_enabled=False):  # left as if the call had not been made
-            torch.testing.assert_close(g(X), net(X))
+            torch.testing.assert_close(g(ones), net(ones))
         assert g.stats.captures == 1
 
-    def test_the_cast_cache_is_harmless_where_it_holds_nothing_the_graph_reads(self, graph_backend):
+    def test_the_cast_cache_is_harmless_where_it_holds_nothing_the_graph_reads(self, graph_backend, ones):
         w = torch.randn(3, 3)  # not a leaf that requires grad: autocast does not cache its cast
-        g = self._captured(lambda x: x @ w, graph_backend, _autocast(cache_enabled=True))
+        g = self._captured(lambda x: x @ w, graph_backend, ones, _autocast(cache_enabled=True))
         with torch.no_grad(), _autocast(cache_enabled=True):
-            out = g(X)
-            assert out.dtype == (X @ w).dtype and torch.equal(out, X @ w)
+            out = g(ones)
+            assert out.dtype == (ones @ w).dtype and torch.equal(out, ones @ w)
         assert g.stats.captures == 1
 
-    def test_autocast_inside_the_function_is_captured(self, graph_backend):
+    def test_autocast_inside_the_function_is_captured(self, graph_backend, ones):
         net = nn.Linear(3, 3)
 
         def fn(x):
             with _autocast(cache_enabled=True):
                 return net(x)
 
-        g = self._captured(fn, graph_backend)
+        g = self._captured(fn, graph_backend, ones)
         with torch.no_grad():
-            torch.testing.assert_close(g(X + 1), fn(X + 1))
-            assert g(X).dtype == fn(X).dtype != torch.float32
+            torch.testing.assert_close(g(ones + 1), fn(ones + 1))
+            assert g(ones).dtype == fn(ones).dtype != torch.float32
 
 
 class TestInferenceMode:
@@ -280,15 +280,15 @@ class TestInferenceMode:
     part of the mode, as grad mode is."""
 
     @pytest.mark.parametrize("hold", [False, True])
-    def test_captured_under_inference_mode_called_under_no_grad(self, graph_backend, hold):
+    def test_captured_under_inference_mode_called_under_no_grad(self, graph_backend, hold, ones):
         net = nn.Linear(3, 3)
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
         with torch.inference_mode():
-            held = [g(X) for _ in range(3)]
+            held = [g(ones) for _ in range(3)]
         if not hold:
             held.clear()
         with torch.no_grad(), pytest.raises(InputMismatchError) as info:
-            g(X)
+            g(ones)
         assert str(info.value) == (
             "CudaGraphModule(Linear) was captured with other inputs than this call's (1 mismatch):\n"
             "  torch.is_inference_mode_enabled(): expected grad_mode inference_mode (torch.inference_mode()), "
@@ -298,18 +298,18 @@ class TestInferenceMode:
             "way (e.g. always under torch.no_grad()), or pass max_graphs=2 to keep one graph per mode."
         )
 
-    def test_captured_under_no_grad_called_under_inference_mode_with_a_result_held(self, graph_backend):
+    def test_captured_under_no_grad_called_under_inference_mode_with_a_result_held(self, graph_backend, ones):
         net = nn.Linear(3, 3)
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
         with torch.no_grad():
-            held = [g(X) for _ in range(3)]
+            held = [g(ones) for _ in range(3)]
         with torch.inference_mode(), pytest.raises(InputMismatchError) as info:
-            g(X)
+            g(ones)
         assert [m.describe() for m in info.value.mismatches] == [
             "torch.is_inference_mode_enabled(): expected grad_mode disabled (torch.no_grad()), got inference_mode "
             "(torch.inference_mode())"
         ]
-        torch.testing.assert_close(held[-1], net(X))
+        torch.testing.assert_close(held[-1], net(ones))
 
     def test_one_graph_per_mode_with_results_held(self, graph_backend):
         net = nn.Linear(3, 3)
@@ -353,13 +353,13 @@ class TestInferenceMode:
         )
         assert g.stats.replays == replays and torch.equal(x, torch.ones(2))
 
-    def test_an_inference_tensor_given_to_a_layer(self, graph_backend):
+    def test_an_inference_tensor_given_to_a_layer(self, graph_backend, ones):
         net = nn.Linear(3, 3)
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
         for _ in range(3):
-            g(X).sum().backward()
+            g(ones).sum().backward()
         with torch.inference_mode():
-            x = X.clone()
+            x = ones.clone()
         with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
             net(x)  # eagerly
         with pytest.raises(InputMismatchError) as info:
@@ -369,12 +369,12 @@ class TestInferenceMode:
             "(made under torch.inference_mode())"
         ]
 
-    def test_an_inference_tensor_given_to_a_capture_in_grad_mode(self, graph_backend):
+    def test_an_inference_tensor_given_to_a_capture_in_grad_mode(self, graph_backend, ones):
         net = nn.Linear(3, 3)
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
-        g(X)
+        g(ones)
         with torch.inference_mode():
-            x = X.clone()
+            x = ones.clone()
         with pytest.raises(UnsupportedError) as info:
             g(x)
         assert str(info.value) == (
@@ -385,14 +385,14 @@ class TestInferenceMode:
             "To fix: pass a normal tensor (x.clone() outside inference mode, or make it under torch.no_grad()), or "
             "call the wrapper under torch.no_grad() or torch.inference_mode()."
         )
-        torch.testing.assert_close(g(X), net(X))  # left as if the call had not been made
+        torch.testing.assert_close(g(ones), net(ones))  # left as if the call had not been made
         assert g.stats.captures == 1
 
-    def test_an_input_read_in_inference_mode_is_not_written_back(self, graph_backend):
+    def test_an_input_read_in_inference_mode_is_not_written_back(self, graph_backend, ones):
         # a buffer made in inference mode has no version counter: only its bytes tell a write
         net = nn.Linear(3, 3)
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
-        x = X.clone()
+        x = ones.clone()
         with torch.inference_mode():
             for _ in range(4):
                 torch.testing.assert_close(g(x), net(x))

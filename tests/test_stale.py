@@ -391,28 +391,28 @@ class TestContainers:
         CFG.update(saved_cfg)
         SCALES[:] = saved_scales
 
-    def _captured(self, fn, backend="simulate", **options):
+    def _captured(self, fn, backend="simulate", x=X, **options):
         g = CudaGraphModule(fn, warmup=1, backend=backend, **options)
         for _ in range(3):
-            g(X)
+            g(x)
         return g
 
-    def test_a_scalar_in_a_dict(self, graph_backend):
-        g = self._captured(_uses_cfg, graph_backend)
+    def test_a_scalar_in_a_dict(self, graph_backend, ones):
+        g = self._captured(_uses_cfg, graph_backend, ones)
         CFG["tau"] = 0.7
         with pytest.raises(StaleGraphError) as info:
-            g(X)
+            g(ones)
         assert str(info.value).splitlines()[:2] == [
             "CudaGraphModule(_uses_cfg) was captured reading state that has changed since:",
             "  global 'CFG' read by _uses_cfg: {'explore': True, 'tau': 0.5} at capture, {'explore': True, 'tau': "
             "0.7} now (the graph uses {'explore': True, 'tau': 0.5})",
         ]
 
-    def test_a_scalar_in_a_list(self, graph_backend):
-        g = self._captured(_uses_last, graph_backend)
+    def test_a_scalar_in_a_list(self, graph_backend, ones):
+        g = self._captured(_uses_last, graph_backend, ones)
         SCALES[0] = 3.0
         with pytest.raises(StaleGraphError) as info:
-            g(X)
+            g(ones)
         assert str(info.value).splitlines()[1] == (
             "  global 'SCALES' read by _uses_last: [2.0] at capture, [3.0] now (the graph uses [2.0])")
 
@@ -433,11 +433,11 @@ class TestContainers:
             "  global 'CFG' read by _uses_cfg['optim']: {'lr': 0.1} at capture, {'lr': 0.2} now (the graph uses "
             "{'lr': 0.1})")
 
-    def test_a_branch_on_a_flag_changed_every_step_is_recaptured(self, graph_backend):
-        g = self._captured(_uses_cfg, graph_backend, on_stale="recapture")
+    def test_a_branch_on_a_flag_changed_every_step_is_recaptured(self, graph_backend, ones):
+        g = self._captured(_uses_cfg, graph_backend, ones, on_stale="recapture")
         for step in range(6):
             CFG["explore"] = step % 2 == 0
-            torch.testing.assert_close(g(X), _uses_cfg(X))
+            torch.testing.assert_close(g(ones), _uses_cfg(ones))
         assert g.stats.recaptures > 0
 
     def test_an_equal_value_rebound_is_fine(self):
