@@ -7,7 +7,9 @@ no Python, so such a hook would run once, at capture. Hooks present at capture a
 naming the module and the hook (:func:`refuse`), except those that only compute tensors the
 graph records and keep no Python state (:func:`pure`: torch's old-style ``weight_norm``,
 ``spectral_norm`` and pruning hooks, tensordict's ``select_out_keys``, FSDP2's forward hooks); backward hooks only
-where the capture records autograd (grad mode), since only a backward runs them. Hooks added
+where the capture records autograd (grad mode), since only a backward runs them. The weights
+the first three keep from an earlier call are detached before warmup calls and captures
+(:func:`detach_hook_weights`: their autograd graph ties autograd to another stream). Hooks added
 or removed after the capture make the graph stale (:class:`HookWatch`, read by
 :class:`~graphmodule._stale.Watch`).
 
@@ -29,13 +31,15 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
+from ._discover import Discovery
 from ._errors import UnsupportedError
 
-__all__ = ["HookDict", "HookWatch", "describe_hook", "hook_dicts", "pure", "refuse"]
+__all__ = ["HookDict", "HookWatch", "describe_hook", "detach_hook_weights", "hook_dicts", "pure", "refuse"]
 
 
 class _Kind(NamedTuple):
@@ -74,12 +78,20 @@ class HookDict(NamedTuple):
 _GLOBAL = "every module (global)"
 
 
-def _pure_types() -> tuple[type, ...]:
+def _weight_hook_types() -> tuple[type, ...]:
     from torch.nn.utils.prune import BasePruningMethod
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
-    types: list[type] = [WeightNorm, SpectralNorm, BasePruningMethod]
+    return WeightNorm, SpectralNorm, BasePruningMethod
+
+
+# hooks that recompute a module's weight attribute from its parameters before each forward
+_WEIGHT_HOOKS = _weight_hook_types()
+
+
+def _pure_types() -> tuple[type, ...]:
+    types: list[type] = list(_WEIGHT_HOOKS)
     try:
         from tensordict.nn.common import _OutKeysSelect
     except ImportError:  # pragma: no cover - another tensordict
@@ -114,6 +126,40 @@ def pure(hook: Any) -> bool:
     ``select_out_keys``, whose change to the output TensorDict is replayed as an effect; and
     FSDP2's forward hooks, whose collectives the graph records."""
     return isinstance(hook, _PURE) or isinstance(getattr(hook, "__self__", None), _PURE_OWNERS)
+
+
+def detach_hook_weights(fn: Any) -> None:
+    """Before a warmup call or capture in grad mode: replace the weights that ``weight_norm``,
+    ``spectral_norm`` and pruning hooks on the modules ``fn`` reaches computed at an earlier
+    call (or when they were applied), which each module keeps as an attribute until its hook
+    computes the next one, by detached ones.
+
+    Such a weight's autograd graph keeps its parameters' gradient accumulators (autograd's
+    AccumulateGrad nodes) alive, and each runs on the stream it was made on: for the weight
+    computed when the hook was applied, the default stream. The warmup calls and the capture,
+    on the side stream, would reuse them: each warmup's backward warns of a stream mismatch, and
+    the capture's backward graph makes the default stream wait on the capture (CUDA: "operation
+    would make the legacy stream depend on a capturing blocking stream"). Without that graph
+    they go, and the call makes its own on its stream. The attribute is replaced, not detached
+    in place: a tensor you hold keeps its graph, and with it those accumulators (the hook
+    recomputes the attribute at every forward anyway).
+
+        >>> import torch
+        >>> from graphmodule._hooks import detach_hook_weights
+        >>> net = torch.nn.utils.spectral_norm(torch.nn.Linear(2, 2))
+        >>> _ = net(torch.ones(1, 2))
+        >>> held = net.weight  # the forward's weight, with its graph
+        >>> detach_hook_weights(net)
+        >>> net.weight.grad_fn is None, held.grad_fn is None, torch.equal(net.weight, held)
+        (True, False, True)
+    """
+    for module, _ in Discovery(fn).modules:
+        for hook in list(module._forward_pre_hooks.values()):
+            if isinstance(hook, _WEIGHT_HOOKS):
+                name = getattr(hook, "_tensor_name", None) or hook.name
+                weight = vars(module).get(name)
+                if isinstance(weight, torch.Tensor) and weight.grad_fn is not None:
+                    setattr(module, name, weight.detach())
 
 
 def hook_dicts(modules: list[tuple[nn.Module, str]], backward: bool) -> list[HookDict]:
