@@ -6,6 +6,8 @@ An :class:`Entry` holds what a capture produced: the signature calls must match
 outputs, what the graph reads from outside its inputs (``watch``) and the runner's
 handle. :func:`decide` says whether a call replays it (the hot path and the slow path
 both ask it); the capturing call and every later call end in :meth:`Entry.finish`.
+An :class:`EagerEntry` stands where no graph was captured (no CUDA, or a failed capture
+with ``on_capture_failure="eager"``): the same signature and watch, the function run eagerly.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from tensordict import TensorDictBase
 
 from ._runners import _DEPTH, capturing
 from ._effects import TD, Effects, collect_call
-from ._errors import Mismatch
+from ._errors import WITHOUT_GRAPH, Mismatch
 from ._inputs import (
     SLOT,
     SLOT_OBJ,
@@ -41,7 +43,7 @@ from ._tree import _is_node
 if TYPE_CHECKING:
     from ._outputsets import OutputSets
 
-__all__ = ["Entry", "Verdict", "decide"]
+__all__ = ["EagerEntry", "Entry", "Verdict", "decide"]
 
 
 class Verdict(enum.Enum):
@@ -80,6 +82,11 @@ def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict,
 
 class Entry:
     """A captured graph and everything needed to replay it for a call."""
+
+    # how messages say where the signature comes from ("CudaGraphModule(f) was captured with
+    # other inputs than this call's"), and what explain() calls it
+    when = "captured"
+    noun = "graph"
 
     def __init__(
         self,
@@ -155,11 +162,14 @@ class Entry:
         return not self.extra_mismatches(leaves, None, objs)
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        gate = self.outputs.gate
+        """The call's result (``decide`` said ``REPLAY``), counted in the wrapper's stats."""
+        outputs = self.outputs
+        outputs.stats.replays += 1
+        gate = outputs.gate
         if gate is not None and gate.busy():
             # The caller still holds a result of the last replay (``out = g(x)`` in a loop
             # holds it until this call returns): the output sets say where results come from.
-            return self.outputs.held(self, leaves, objs, tree)
+            return outputs.held(self, leaves, objs, tree)
         return self._replay(leaves, objs, tree)
 
     def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
@@ -292,6 +302,61 @@ class Entry:
                         span_bytes(static).copy_(span_bytes(fresh.detach()))
 
         return refresh
+
+
+class EagerEntry:
+    """A signature served without a graph: every call runs the function eagerly on its own
+    arguments (the eager runner, without CUDA; or a capture that failed, with
+    ``on_capture_failure="eager"``).
+
+    It stands among the wrapper's graphs as one of them, so that :func:`decide`, the index,
+    ``max_graphs``, eviction and staleness are those of graphs: a wrapper without CUDA
+    accepts and refuses the calls a GPU would (see ``_graphs.Graphs.eager``)."""
+
+    when = WITHOUT_GRAPH
+    noun = "signature (no CUDA graph: calls run eagerly)"
+    layer = None
+    handle = None
+    plain = True  # (decide: nothing beyond the signature and the watch to check)
+    capture_bytes = 0
+    capture_seconds = 0.0
+
+    def __init__(self, *, spec: InputSpec, watch: Watch, runner: Any, module: Any, stats: Any,
+                 returns_input_td: bool) -> None:
+        self.spec, self.mode = spec, spec.mode
+        self.watch, self.runner, self.module, self.stats = watch, runner, module, stats
+        self.returns_input_td = returns_input_td
+        self.outputs = _EAGER_OUTPUTS
+
+    def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
+        """The function's own result for the call, run eagerly."""
+        self.stats.eager_calls += 1
+        args, kwargs = tree
+        module = self.module
+        return self.runner.run_eager(lambda: module(*args, **kwargs))
+
+    def written_keys(self) -> None:
+        """Unknown: no capture saw what the function writes."""
+        return None
+
+    def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:
+        return []
+
+    def release(self) -> None:
+        pass
+
+
+class _EagerOutputs:
+    """What an :class:`EagerEntry` has for output sets: none, its results are the function's."""
+
+    gate = None
+
+    @staticmethod
+    def describe() -> str:
+        return "outputs: the function's own results (run eagerly)"
+
+
+_EAGER_OUTPUTS = _EagerOutputs()
 
 
 def rerun_body(module: Any, inputs: StaticInputs, mirrors: dict | None = None):

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from ._errors import InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
+from ._errors import WITHOUT_GRAPH, InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
 from ._paths import describe, format_key, format_path, leaf_texts
 from ._spec import InputSpec, same_constant
 from ._tree import MISSING, Node, Slot, _is_non_tensor, child_td, flatten_with_path, is_slot_value
@@ -41,22 +41,22 @@ def describe_spec(spec: InputSpec, arg_names: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def describe_graphs(entries: list, eager_spec: InputSpec | None, arg_names: Sequence[str] = ()) -> list[str]:
+def describe_graphs(entries: list, arg_names: Sequence[str] = ()) -> list[str]:
     """``explain()``'s lines for each graph (most recently used first): its inputs, its
-    backward graph (a layer), where its results come from; without graphs, the signature
-    eager calls are checked against (if any)."""
+    backward graph (a layer), where its results come from. A signature served without a
+    graph (``EagerEntry``) says so."""
     lines: list[str] = []
-    if not entries:
-        entries_or_spec = [(eager_spec, None, None)] if eager_spec is not None else []
-    else:
-        entries_or_spec = [(e.spec, e.layer, e.outputs) for e in entries]
-    for n, (spec, layer, outputs) in enumerate(entries_or_spec):
-        lines.append("captured inputs:" if len(entries_or_spec) == 1 else f"graph {n} inputs:")
-        lines += ["  " + line for line in describe_spec(spec, arg_names).splitlines()]
-        if layer is not None:
-            lines.append("  " + layer.describe())
-        if outputs is not None:
-            lines.append("  " + outputs.describe())
+    for n, entry in enumerate(entries):
+        if entry.when == WITHOUT_GRAPH:
+            title = f"inputs, {entry.when}:" if len(entries) == 1 else f"{entry.noun} {n} inputs:"
+        else:
+            title = "captured inputs:" if len(entries) == 1 else f"{entry.noun} {n} inputs:"
+        lines.append(title)
+        lines += ["  " + line for line in describe_spec(entry.spec, arg_names).splitlines()]
+        if entry.layer is not None:
+            lines.append("  " + entry.layer.describe())
+        if entry.outputs is not None:
+            lines.append("  " + entry.outputs.describe())
     return lines
 
 
@@ -230,14 +230,15 @@ def _under_missing(text: str, found: list[Mismatch]) -> bool:
 
 
 def mismatch_error(owner: str, spec: InputSpec, tree: Any, arg_names: Sequence[str], modes: list[Mismatch],
-                   tensordict_module: bool) -> InputMismatchError:
+                   tensordict_module: bool, when: str = "captured") -> InputMismatchError:
     """The error for a call that does not match, of the class a user would catch; ``modes``:
-    what differs in the modes (``ModeReader.mismatches``)."""
+    what differs in the modes (``ModeReader.mismatches``); ``when``: where the signature
+    comes from (``Entry.when``)."""
     found = explain_mismatches(spec, tree, arg_names) + modes
     if not found:  # the fast and slow readers disagree: a bug, but never a silent replay
         found = [Mismatch("inputs", "structure", "the captured call", "a call that does not match it")]
     if all(m.kind == "requires_grad" for m in found):
-        return RequiresGradError(owner, found, "captured")
+        return RequiresGradError(owner, found, when)
     if tensordict_module and all(m.kind == "missing" and "[" in m.path for m in found):
-        return MissingKeyError(owner, found)
-    return InputMismatchError(owner, found)
+        return MissingKeyError(owner, found, when)
+    return InputMismatchError(owner, found, when)

@@ -15,18 +15,23 @@ import logging
 import os
 from typing import Any, Callable, NamedTuple
 
+import torch
+
 from ._dispatch import by_key_paths
-from ._entry import OTHER, REPLAY, Entry, Verdict, decide
+from ._entry import OTHER, REPLAY, EagerEntry, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._grad import tracks_grad
+from ._hooks import refuse as refuse_hooks
 from ._index import CallIndex
+from ._mode import check_capture
 from ._outputsets import OutputSets
 from ._record import CallRead, leaf_keys, read_call, record
 from ._runners import Runner
 from ._spec import InputSpec
+from ._stale import Watch
 from ._stats import GraphStats
 
-__all__ = ["Found", "Graphs"]
+__all__ = ["NOT_RUN", "Found", "Graphs"]
 
 log = logging.getLogger("graphmodule")
 
@@ -41,6 +46,7 @@ class Found(NamedTuple):
 
 
 _NO_GRAPH = Found(OTHER, None, None, None)
+NOT_RUN = object()  # (Graphs.eager: the call has not run yet)
 
 
 class Graphs:
@@ -138,6 +144,29 @@ class Graphs:
                    lend_later=lend_later and entry.layer is None and bool(entry.plan.graph))
         return entry
 
+    def eager(self, call: CallRead, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> tuple[EagerEntry, Any]:
+        """``call``'s signature served eagerly, without a graph (the runner captures none, or
+        its capture failed with ``on_capture_failure="eager"``): its entry, the most recently
+        used, and the call's result (``ran``, where the call already ran, else run now).
+
+        What a capture refuses before running the function (module hooks, autocast's cache
+        over what the graph reads, inference tensors autograd would save; ``watch``: what it
+        reads, taken before the call) is refused here too, so that code that runs without
+        CUDA runs on a GPU. What only a capture sees (a host synchronisation, Python state
+        the function changes) is not."""
+        args, kwargs = call.tree
+        if ran is NOT_RUN:
+            check_capture(self.owner, mode, watch.tensors(), list(zip(call.texts, call.leaves)))
+            refuse_hooks(self.owner, watch.modules, backward=torch.is_grad_enabled())
+            ran = self.runner.run_eager(lambda: self.module(*args, **kwargs))
+        self.stats.eager_calls += 1
+        # what it reads as the call left it (a function that builds state at its first call)
+        entry = EagerEntry(spec=InputSpec(call.layout, call.leaves, mode), watch=Watch(self.module),
+                           runner=self.runner, module=self.module, stats=self.stats,
+                           returns_input_td=self.in_keys is not None and bool(args) and ran is args[0])
+        self.entries.insert(0, entry)
+        return entry, ran
+
     # -- what output sets ask (the Recorder of _outputsets) -------------------------------
     def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None) -> Entry:
         """``entry``'s call captured again: a lending one (``lend``), or a graph returning copies.
@@ -178,13 +207,18 @@ class Graphs:
             entry.release()
 
     # -- what a user reads -------------------------------------------------------------------
+    def captured(self) -> list[Entry]:
+        """The graphs held, most recently used first (not signatures served eagerly)."""
+        return [entry for entry in self.entries if entry.handle is not None]
+
     def debug_dump(self, path: str) -> list[str]:
         """Each graph's structure to ``path`` (one graph) or ``path`` with ``.n`` before its
         suffix (graph ``n``, most recently used first); the paths written."""
         root, ext = os.path.splitext(os.fspath(path))
-        n = len(self.entries)
+        entries = self.captured()
+        n = len(entries)
         paths = [os.fspath(path)] if n == 1 else [f"{root}.{k}{ext}" for k in range(n)]
-        for entry, where in zip(self.entries, paths):
+        for entry, where in zip(entries, paths):
             self.runner.debug_dump(entry.handle, where, self.owner)
             if not os.path.exists(where):
                 raise GraphStateError(f"torch wrote no file at {where} for {self.owner}'s graph.")

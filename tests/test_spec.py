@@ -24,7 +24,8 @@ class TestTensorLeaves:
         with pytest.raises(InputMismatchError) as info:
             g(torch.zeros(3), torch.zeros(3, dtype=torch.float64))
         assert str(info.value) == (
-            "CudaGraphModule(<lambda>) was captured with other inputs than this call's (1 mismatch):\n"
+            "CudaGraphModule(<lambda>) was first called after warmup (eagerly: no CUDA graph) with other inputs "
+            "than this call's (1 mismatch):\n"
             "  args[1]: expected dtype torch.float32, got torch.float64\n"
             "To fix: copying into the graph's buffer would cast silently: convert the input with "
             ".to(dtype) before the call."
@@ -90,7 +91,7 @@ class TestStructure:
             g(ob=torch.ones(2))
         assert str(info.value).splitlines()[1:3] == [
             "  kwargs['obs']: missing (expected a tensor of shape (2,), torch.float32 on cpu)",
-            "  kwargs['ob']: not in the captured inputs (got a tensor of shape (2,), torch.float32 on cpu)",
+            "  kwargs['ob']: not in those inputs (got a tensor of shape (2,), torch.float32 on cpu)",
         ]
 
     def test_nested_containers_are_checked_by_path(self, make):
@@ -108,7 +109,7 @@ class TestStructure:
 
     def test_extra_positional_argument(self, make):
         g = _captured(make, lambda *xs: sum(xs), torch.zeros(2))
-        with pytest.raises(InputMismatchError, match=r"args\[1\]: not in the captured inputs"):
+        with pytest.raises(InputMismatchError, match=r"args\[1\]: not in those inputs"):
             g(torch.zeros(2), torch.zeros(2))
 
     def test_tensor_where_a_constant_was_captured(self, make):
