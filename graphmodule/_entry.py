@@ -234,7 +234,8 @@ class Entry:
                                       "function writes into it)", f"batch size {list(now.batch_size)}"))
         for i, stride in zip(self.stride_checked, self.stride_facts):
             if leaves[i].stride() != stride:
-                found.append(Mismatch(name(i), "stride", str(stride), str(leaves[i].stride())))
+                found.append(Mismatch(name(i), "stride", f"{stride} exactly (the function returns a view of it)",
+                                      str(leaves[i].stride())))
         if self.check_alias:
             found += self._alias_mismatches(leaves, name)
         if self.effects.written and not torch.is_inference_mode_enabled():

@@ -128,8 +128,11 @@ _ADVICE = {
     "alias": "the graph was captured with other aliasing between its inputs (the same tensor "
     "passed twice, or views of one tensor) and writes into them: pass separate tensors as at "
     "capture (x.clone()), or the same aliasing.",
-    "stride": "the function returns a view of this input, which the replay rebuilds on your "
-    "tensor with the captured strides: pass a tensor of the captured layout (.contiguous()).",
+    "stride": "a graph computes with each input laid out as at capture: the order of its strides "
+    "decides the strides of the results computed from it, and a view of it the function returns is "
+    "rebuilt with the captured strides. Pass tensors laid out as at capture (.contiguous() where it was "
+    "row-major), or pass max_graphs=2 to keep a graph per layout (a returned view needs the captured "
+    "strides exactly).",
     "requires_grad": "requires_grad of every input, and of the parameters a graph backpropagates "
     "to, is part of the capture: it decides which gradients the backward graph computes. Pass "
     "inputs as at capture (x.detach() where it did not require grad), keep the parameters' "

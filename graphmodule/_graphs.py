@@ -23,6 +23,7 @@ from ._errors import GraphStateError
 from ._grad import tracks_grad
 from ._hooks import refuse as refuse_hooks
 from ._index import CallIndex
+from ._inputs import StaticInputs
 from ._mode import check_capture
 from ._outputsets import OutputSets
 from ._record import CallRead, leaf_keys, read_call, record
@@ -47,6 +48,19 @@ class Found(NamedTuple):
 
 _NO_GRAPH = Found(OTHER, None, None, None)
 NOT_RUN = object()  # (Graphs.eager: the call has not run yet)
+
+
+def _laid_out_as(entry: Entry, leaves: Any) -> list:
+    """The call's leaves, copied into tensors laid out as ``entry``'s buffers (the same
+    aliasing and strides), requiring grad where the call's do; its constants as captured."""
+    scratch = StaticInputs(entry.spec.layout, entry.inputs.leaves)
+    with torch.no_grad():
+        scratch.copy_from(leaves)
+    out = list(scratch.leaves)
+    for i in scratch.tensor_index:
+        if leaves[i].requires_grad:
+            out[i].requires_grad_(True)
+    return out
 
 
 class Graphs:
@@ -174,11 +188,16 @@ class Graphs:
         A lending capture copies its results, inside its graph, into buffers of its own
         beside ``like``'s graph, laid out as ``like``'s results (``_twin``); a layer's, whose
         activations must outlive the replay until its backward, is a whole capture in a pool
-        of its own."""
+        of its own.
+
+        The new graph serves ``entry``'s calls, so it is captured from ``entry``'s layout, not
+        the call's: the call's values in buffers aliased and strided as ``entry``'s (a call
+        ``decide`` let through may pass one tensor twice where ``entry`` has two buffers, or
+        other gaps between elements), with ``entry``'s signature."""
         alone = entry.layer is not None
         return record(owner=self.owner, module=self.module, runner=self.runner, layout=entry.spec.layout,
-                      leaves=list(leaves), mode=entry.mode, clone=True, lend=lend, texts=entry.texts,
-                      objs=objs, alone=alone, like=None if alone else like)[0]
+                      leaves=_laid_out_as(entry, leaves), mode=entry.mode, clone=True, lend=lend,
+                      texts=entry.texts, objs=objs, alone=alone, like=None if alone else like, spec=entry.spec)[0]
 
     def replace(self, old: Entry, new: Entry) -> None:
         self.entries[self.entries.index(old)] = new
