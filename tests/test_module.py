@@ -306,6 +306,30 @@ class TestEagerAcceptsWhatGraphsAccept:
         with pytest.raises(UnsupportedError, match="forward hook"):
             g(torch.ones(1, 2))
 
+    def test_after_a_failed_capture_every_signature_runs_eagerly_within_max_graphs(self):
+        # on_capture_failure="eager": no capture is tried again, and signatures are kept as graphs
+        runs = itertools.count(1)
+
+        def fn(x):
+            if next(runs) == 2:  # the capture (warmup=1 makes it the second run)
+                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+            return x * 2
+
+        g = CudaGraphModule(fn, warmup=1, backend="simulate", on_capture_failure="eager", max_graphs=2)
+        g(torch.ones(3))
+        with pytest.warns(UserWarning, match="runs eagerly from now on"):
+            g(torch.ones(3))
+        for n in (4, 4, 4, 3):
+            torch.testing.assert_close(g(torch.ones(n)), torch.full((n,), 2.0))
+        s = g.stats
+        assert (g.state, s.capture_failures, s.captures, s.warmup_calls, s.eager_calls, s.graphs) == (
+            "eager", 1, 0, 2, 4, 2)
+        with pytest.raises(InputMismatchError) as info:
+            g(torch.ones(5))
+        assert str(info.value).splitlines()[0] == (
+            "CudaGraphModule(fn) was first called after warmup (eagerly: no CUDA graph) with other inputs than "
+            "this call's (1 mismatch):")
+
     def test_explain_names_no_graph(self):
         g = CudaGraphModule(_double, warmup=1, backend="eager", max_graphs=2)
         for n in (3, 3, 4, 4):
