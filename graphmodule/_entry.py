@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDictBase
 
+from ._dispatch import add_required, stand_in
 from ._runners import _DEPTH, capturing
 from ._effects import TD, Effects, collect_call
 from ._errors import WITHOUT_GRAPH, Mismatch
@@ -43,7 +44,7 @@ from ._tree import _is_node
 if TYPE_CHECKING:
     from ._outputsets import OutputSets
 
-__all__ = ["EagerEntry", "Entry", "Verdict", "decide"]
+__all__ = ["NOT_SERVED", "EagerEntry", "Entry", "Verdict", "decide"]
 
 
 class Verdict(enum.Enum):
@@ -58,6 +59,7 @@ class Verdict(enum.Enum):
 
 
 REPLAY, OTHER, STALE, REFUSED, INLINE = Verdict  # (read without the class: faster)
+NOT_SERVED = object()  # (Entry.through_stand_in: the graph does not take the call)
 
 
 def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict, Any]:
@@ -138,6 +140,50 @@ class Entry:
         self.outputs: OutputSets | None = None
         self.returns_input_td = (out_recipe.kind is PASSED and out_recipe.ref.kind is SLOT_OBJ
                                  and out_recipe.ref.position == 0)
+        self.writes_only = self._writes_only()
+
+    def _writes_only(self) -> list | None:
+        """The keys the graph writes into its TensorDict argument, where writing them and
+        returning that TensorDict is all it does (a TensorDict module's call); else ``None``."""
+        if not self.returns_input_td or self.effects.written:
+            return None
+        keys = []
+        for op in self.effects.ops:
+            target = op.target
+            if op.kind is not TD or target.kind not in (SLOT, SLOT_OBJ) or target.position != 0:
+                return None
+            renamed = op.names is None or isinstance(op.names, (tuple, list))  # (else: unchanged)
+            if op.deletes or op.batch_size is not None or op.moved or renamed:
+                return None
+            keys += [target.path + (name,) for name, _ in op.writes]
+        return keys
+
+    def through_stand_in(self, td: TensorDictBase, in_keys: list, mode: Any) -> Any:
+        """A TensorDict module's call ``g(td)`` this graph does not take as it is: ``td`` has
+        another batch size (the graph was captured from a keyword call's TensorDict, of batch
+        size ``[]``, or the reverse), or other nested TensorDicts where the module writes.
+        Where all the graph does is write entries into its TensorDict and return it, it
+        replays on a stand-in laid out as at capture holding the call's ``in_keys``, then
+        writes those entries into ``td`` leaf by leaf, as the module would (tensordict refuses
+        one without ``td``'s batch dims, as eagerly), and returns ``td``. ``NOT_SERVED``
+        otherwise."""
+        keys, slot = self.writes_only, self.spec.lone_slot
+        stand = stand_in(td, in_keys, slot.batch_size) if keys is not None and slot is not None else None
+        if stand is None:
+            return NOT_SERVED
+        add_required(stand, self.requires)
+        verdict, split = decide(self, (stand,), {}, mode)
+        if verdict is not REPLAY:
+            return NOT_SERVED
+        self.replay(*split, ((stand,), {}))
+        for key in keys:
+            value = stand.get(key)
+            if _is_node(value):  # a TensorDict the module made: eagerly, its leaves were set
+                for sub, leaf in value.items(include_nested=True, leaves_only=True):
+                    td.set(key + (sub if isinstance(sub, tuple) else (sub,)), leaf)
+            else:
+                td.set(key, value)
+        return td
 
     def written_keys(self) -> list:
         """Keys the function writes into its first TensorDict argument (top level and nested)."""
@@ -318,6 +364,7 @@ class EagerEntry:
     noun = "signature (no CUDA graph: calls run eagerly)"
     layer = None
     handle = None
+    requires = ()
     plain = True  # (decide: nothing beyond the signature and the watch to check)
     capture_bytes = 0
     capture_seconds = 0.0
@@ -339,6 +386,15 @@ class EagerEntry:
     def written_keys(self) -> None:
         """Unknown: no capture saw what the function writes."""
         return None
+
+    def through_stand_in(self, td: TensorDictBase, in_keys: list, mode: Any) -> Any:
+        """As :meth:`Entry.through_stand_in` (where the stand-in would match, the call is
+        served): the module runs eagerly on ``td``."""
+        slot = self.spec.lone_slot
+        stand = stand_in(td, in_keys, slot.batch_size) if slot is not None else None
+        if stand is None or decide(self, (stand,), {}, mode)[0] is not REPLAY:
+            return NOT_SERVED
+        return self.replay(None, {0: td}, ((td,), {}))
 
     def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:
         return []

@@ -250,11 +250,14 @@ def _under_missing(text: str, found: list[Mismatch]) -> bool:
 
 
 def mismatch_error(owner: str, spec: InputSpec, tree: Any, arg_names: Sequence[str], modes: list[Mismatch],
-                   tensordict_module: bool, when: str = "captured") -> InputMismatchError:
+                   tensordict_module: bool, when: str = "captured", built: bool = False) -> InputMismatchError:
     """The error for a call that does not match, of the class a user would catch; ``modes``:
     what differs in the modes (``ModeReader.mismatches``); ``when``: where the signature
-    comes from (``Entry.when``)."""
+    comes from (``Entry.when``); ``built``: the first argument is a TensorDict dispatch built
+    from keywords, whose batch size the caller did not choose (not reported)."""
     found = explain_mismatches(spec, tree, arg_names) + modes
+    if built:
+        found = [m for m in found if not (m.kind == "batch_size" and m.path == arg_names[0])] or found
     if not found:  # the fast and slow readers disagree: a bug, but never a silent replay
         found = [Mismatch("inputs", "structure", "the captured call", "a call that does not match it")]
     if all(m.kind == "requires_grad" for m in found):

@@ -17,8 +17,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from ._dispatch import by_key_paths
-from ._entry import OTHER, REPLAY, EagerEntry, Entry, Verdict, decide
+from ._dispatch import add_required, by_key_paths, fit_batch
+from ._entry import NOT_SERVED, OTHER, REPLAY, EagerEntry, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._grad import tracks_grad
 from ._hooks import refuse as refuse_hooks
@@ -104,6 +104,32 @@ class Graphs:
             leaves, objs = split
             return Found(verdict, entry, leaves, objs)
         return _NO_GRAPH
+
+    def fit_built(self, td: Any) -> None:
+        """``td``, a TensorDict dispatch built from a keyword call, laid out for a graph of
+        the module's: its batch size (``_dispatch.fit_batch``), and the empty nested TensorDicts
+        the caller's TensorDict had where the graph writes below them (``Entry.requires``),
+        which the keyword call's result does not depend on."""
+        slots = [(entry.spec.lone_slot.batch_size, entry.requires) for entry in self.entries
+                 if entry.spec.lone_slot is not None]
+        fit_batch(td, [batch_size for batch_size, _ in slots])
+        for batch_size, requires in slots:
+            if batch_size == td.batch_size:
+                add_required(td, requires)
+                return
+
+    def other_batch_size(self, td: Any, mode: Any) -> Any:
+        """A TensorDict module's call ``g(td)`` that no graph takes, served by a graph of its
+        entries captured with another batch size (``Entry.through_stand_in``), the most
+        recently used first; ``NOT_SERVED`` where none does."""
+        for entry in self.entries:
+            slot = entry.spec.lone_slot
+            if slot is None or slot.batch_size == td.batch_size:
+                continue
+            out = entry.through_stand_in(td, self.in_keys, mode)
+            if out is not NOT_SERVED:
+                return out
+        return NOT_SERVED
 
     # -- warmup --------------------------------------------------------------------------
     def warmup_call(self, args: tuple, kwargs: dict, first: bool) -> Any:

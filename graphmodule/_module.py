@@ -28,12 +28,12 @@ from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import dispatch
+from tensordict.nn import TensorDictModuleBase, dispatch
 
 from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
 from ._distributed import check_capture, explain_failure, note_capture
-from ._entry import OTHER, REFUSED, REPLAY, STALE, Entry, decide
+from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import mismatch_error
 from ._graphs import NOT_RUN, Graphs
@@ -162,6 +162,8 @@ class CudaGraphModule(WrapperSurface):
         self._is_tensordict_module = self.in_keys is not None
         self._arg_names = ("tensordict",) if self._is_tensordict_module else ()
         self._sort_kwargs = binds_kwargs_by_name(module) and not self._is_tensordict_module
+        # a TensorDict module proper: its keyword calls and TensorDict calls share graphs (_dispatch)
+        self._both_styles = isinstance(module, TensorDictModuleBase)
         self._runner = make_runner(backend, device, capture_error_mode, pool, debug)
         self.device = self._runner.device
         self._stats = GraphStats()
@@ -178,6 +180,7 @@ class CudaGraphModule(WrapperSurface):
         self._warmed = 0  # warmup calls of the first signature
         self._mode = None  # the ModeReader, from the first capture
         self._failure: CaptureError | None = None
+        self._built: TensorDictBase | None = None  # the TensorDict dispatch built for this keyword call
         self._eager_only = False  # a capture failed, on_capture_failure="eager": no more captures
 
     # -- public surface (the rest, read-only, in _surface) ----------------------------
@@ -193,10 +196,13 @@ class CudaGraphModule(WrapperSurface):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path, in this one frame: whether the most recent graph replays the call
         # (decide), then its replay (Entry.replay); anything else goes to _slow.
-        if self._is_tensordict_module and (kwargs or not args or not isinstance(args[0], TensorDictBase)):
-            # keyword calls and tensordict_out go through tensordict's dispatch; a
-            # TensorDict call is passed on unchanged by it, so it skips the wrapper
-            return self._call_td(*args, **kwargs)
+        if self._is_tensordict_module and (kwargs or not args or (self.in_keys
+                                                                  and not isinstance(args[0], TensorDictBase))):
+            # keyword calls, positional tensors and tensordict_out go through tensordict's
+            # dispatch; a TensorDict call is passed on unchanged by it, so it skips the wrapper
+            # (and a function reading a TensorDict, in_keys=[], is not given one built from a tensor)
+            given = args[0] if args and isinstance(args[0], TensorDictBase) else kwargs.get("tensordict")
+            return self._call_td(*args, _given=given, **kwargs)
         with self._lock:
             if get_ident() != self._thread:
                 self._switch_thread()
@@ -222,15 +228,24 @@ class CudaGraphModule(WrapperSurface):
             return self._slow(args, kwargs)
 
     @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
-    def _call_td(self, tensordict, *args: Any, tensordict_out=None, **kwargs: Any) -> Any:
-        if tensordict_out is None and not kwargs and isinstance(tensordict, TensorDictBase):
-            return self(tensordict, *args)  # a TensorDict first, no keywords: the hot path
-        if tensordict_out is not None:
-            kwargs["tensordict_out"] = tensordict_out
-        with self._lock:  # keywords beside the TensorDict, or no TensorDict: the full path
-            if get_ident() != self._thread:
-                self._switch_thread()
-            return self._slow((tensordict, *args), kwargs)
+    def _call_td(self, tensordict, *args: Any, tensordict_out=None, _given=None, **kwargs: Any) -> Any:
+        with self._lock:
+            # built by dispatch from keywords or tensors (batch size []): the caller never sees
+            # it, and it takes the batch size of a graph its entries fit (_dispatch.fit_batch)
+            built = tensordict if tensordict is not _given and isinstance(tensordict, TensorDictBase) else None
+            if built is not None and self._both_styles:
+                self._graphs.fit_built(built)
+            self._built = built
+            try:
+                if tensordict_out is None and not kwargs and isinstance(tensordict, TensorDictBase):
+                    return self(tensordict, *args)  # a TensorDict first, no keywords: the hot path
+                if tensordict_out is not None:
+                    kwargs["tensordict_out"] = tensordict_out
+                if get_ident() != self._thread:  # keywords beside the TensorDict, or no TensorDict
+                    self._switch_thread()
+                return self._slow((tensordict, *args), kwargs)
+            finally:
+                self._built = None
 
     def _switch_thread(self) -> None:
         """Another thread calls: the runner orders its stream after the last caller's."""
@@ -257,11 +272,21 @@ class CudaGraphModule(WrapperSurface):
         if found.verdict is STALE:
             return self._stale(found.entry, args, kwargs)
         if found.verdict is REFUSED:
+            if self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
+                # other nested TensorDicts where the module writes (g(td) after g(obs=x), or the reverse)
+                out = found.entry.through_stand_in(args[0], self.in_keys, mode)
+                if out is not NOT_SERVED:
+                    return out
             self._stats.input_mismatches += 1
             raise InputMismatchError(self._owner, found.entry.extra_mismatches(found.leaves, found.entry.texts,
                                                                                found.objs))
         if graphs.entries:  # a signature no graph has
             if len(graphs.entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
+                if self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
+                    # g(td) where a graph has its entries under another batch size (captured from g(obs=x))
+                    out = graphs.other_batch_size(args[0], mode)
+                    if out is not NOT_SERVED:
+                        return out
                 self._raise_mismatch(graphs.entries[0], args, kwargs, mode)
             return self._new_signature(args, kwargs)
         if self._warmed < self.warmup:
@@ -348,5 +373,7 @@ class CudaGraphModule(WrapperSurface):
         """A call that ``entry`` (the most recently used graph) does not take, where no other may."""
         self._stats.input_mismatches += 1
         modes = self._mode.mismatches(entry.mode, mode) if mode != entry.mode else []
+        # a TensorDict built from keywords has no batch size of the caller's to blame
+        built = self._built is not None and bool(args) and args[0] is self._built
         raise mismatch_error(self._owner, entry.spec, (args, kwargs), self._arg_names, modes,
-                             self._is_tensordict_module, entry.when)
+                             self._is_tensordict_module, entry.when, built)
