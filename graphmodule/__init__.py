@@ -13,8 +13,9 @@ Modules, one concept each:
 - ``_graphs``: the graphs a wrapper holds, and the slow path's work on them: finding a
   call's graph, warmup calls, capturing, capturing again, dropping stale and evicted ones.
 - ``_index``: which graph a call of another signature matched last (``max_graphs > 1``).
-- ``_entry``: one captured graph as one value (or a signature served eagerly, without CUDA);
-  ``decide``, whether a call replays it (the one decision every path takes); the replay path.
+- ``_entry``: one captured graph as one value; ``decide``, whether a call replays it (the
+  one decision every path takes); the replay path.
+- ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's place.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
 - ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
 - ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.

@@ -6,8 +6,7 @@ An :class:`Entry` holds what a capture produced: the signature calls must match
 outputs, what the graph reads from outside its inputs (``watch``) and the runner's
 handle. :func:`decide` says whether a call replays it (the hot path and the slow path
 both ask it); the capturing call and every later call end in :meth:`Entry.finish`.
-An :class:`EagerEntry` stands where no graph was captured (no CUDA, or a failed capture
-with ``on_capture_failure="eager"``): the same signature and watch, the function run eagerly.
+Where no graph was captured, an ``_eager.EagerEntry`` stands in its place.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from tensordict import TensorDictBase
 from ._dispatch import add_required, stand_in
 from ._runners import _DEPTH, capturing
 from ._effects import TD, Effects, collect_call
-from ._errors import WITHOUT_GRAPH, Mismatch
+from ._errors import Mismatch
 from ._inputs import (
     SLOT,
     SLOT_OBJ,
@@ -44,7 +43,7 @@ from ._tree import _is_node
 if TYPE_CHECKING:
     from ._outputsets import OutputSets
 
-__all__ = ["NOT_SERVED", "EagerEntry", "Entry", "Verdict", "decide"]
+__all__ = ["NOT_SERVED", "Entry", "Verdict", "decide"]
 
 
 class Verdict(enum.Enum):
@@ -349,71 +348,6 @@ class Entry:
                         span_bytes(static).copy_(span_bytes(fresh.detach()))
 
         return refresh
-
-
-class EagerEntry:
-    """A signature served without a graph: every call runs the function eagerly on its own
-    arguments (the eager runner, without CUDA; or a capture that failed, with
-    ``on_capture_failure="eager"``).
-
-    It stands among the wrapper's graphs as one of them, so that :func:`decide`, the index,
-    ``max_graphs``, eviction and staleness are those of graphs: a wrapper without CUDA
-    accepts and refuses the calls a GPU would (see ``_graphs.Graphs.eager``)."""
-
-    when = WITHOUT_GRAPH
-    noun = "signature (no CUDA graph: calls run eagerly)"
-    layer = None
-    handle = None
-    requires = ()
-    plain = True  # (decide: nothing beyond the signature and the watch to check)
-    capture_bytes = 0
-    capture_seconds = 0.0
-
-    def __init__(self, *, spec: InputSpec, watch: Watch, runner: Any, module: Any, stats: Any,
-                 returns_input_td: bool) -> None:
-        self.spec, self.mode = spec, spec.mode
-        self.watch, self.runner, self.module, self.stats = watch, runner, module, stats
-        self.returns_input_td = returns_input_td
-        self.outputs = _EAGER_OUTPUTS
-
-    def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        """The function's own result for the call, run eagerly."""
-        self.stats.eager_calls += 1
-        args, kwargs = tree
-        module = self.module
-        return self.runner.run_eager(lambda: module(*args, **kwargs))
-
-    def written_keys(self) -> None:
-        """Unknown: no capture saw what the function writes."""
-        return None
-
-    def through_stand_in(self, td: TensorDictBase, in_keys: list, mode: Any) -> Any:
-        """As :meth:`Entry.through_stand_in` (where the stand-in would match, the call is
-        served): the module runs eagerly on ``td``."""
-        slot = self.spec.lone_slot
-        stand = stand_in(td, in_keys, slot.batch_size) if slot is not None else None
-        if stand is None or decide(self, (stand,), {}, mode)[0] is not REPLAY:
-            return NOT_SERVED
-        return self.replay(None, {0: td}, ((td,), {}))
-
-    def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:
-        return []
-
-    def release(self) -> None:
-        pass
-
-
-class _EagerOutputs:
-    """What an :class:`EagerEntry` has for output sets: none, its results are the function's."""
-
-    gate = None
-
-    @staticmethod
-    def describe() -> str:
-        return "outputs: the function's own results (run eagerly)"
-
-
-_EAGER_OUTPUTS = _EagerOutputs()
 
 
 def rerun_body(module: Any, inputs: StaticInputs, mirrors: dict | None = None):

@@ -18,7 +18,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ._dispatch import add_required, by_key_paths, fit_batch
-from ._entry import NOT_SERVED, OTHER, REPLAY, EagerEntry, Entry, Verdict, decide
+from ._eager import EagerEntry
+from ._entry import NOT_SERVED, OTHER, REPLAY, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._grad import tracks_grad
 from ._hooks import refuse as refuse_hooks
