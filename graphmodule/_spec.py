@@ -11,8 +11,9 @@ The order of a tensor's strides (its memory layout: row-major, transposed...) is
 the signature: the graph's buffer has the capture's order, and results computed from it
 take their strides from it, as eagerly they take them from the call's tensor. A tensor
 laid out in the same order with other gaps (a slice ``x[:, ::2]``) is served: copied into
-the buffer, it gives the results eager would, strides included (:func:`stride_order`). Only
-a call whose strides differ from the capture's pays for that comparison (~2 µs a tensor).
+the buffer, it gives the results eager would, strides included (:func:`stride_order`). The
+guard compares exact strides (but those of dims of one element); only a call whose strides
+differ from the capture's pays for the comparison of their order (~2 µs a call).
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ class InputSpec:
     def _make_guard(tensors: list[Tensor]):
         if _TensorGuards is None or not tensors:
             return None
-        try:  # (static sizes and strides: the captured ones exactly)
-            guard = _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+        try:  # the captured sizes and strides exactly, but a dim of one element's stride (it does not count)
+            strides = [[None if n == 1 else s for n, s in zip(t.shape, t.stride())] for t in tensors]
+            guard = _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=strides)
             if guard.check(*tensors):
                 return guard
         except Exception:  # a private API: any surprise means the Python path

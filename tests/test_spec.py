@@ -71,6 +71,16 @@ class TestTensorLeaves:
             torch.testing.assert_close(out, x + 1)
             assert out.stride() == (x + 1).stride()
 
+    def test_the_stride_of_a_dim_of_one_element_does_not_count(self, make):
+        # a batch of one observation: (1, 17) with strides (17, 1) or (1, 1) is one layout
+        g = make(lambda x: x * 2, warmup=1, backend="simulate")
+        for _ in range(2):
+            g(torch.ones(1, 17))
+        x = torch.arange(17.0).reshape(17, 1).t()
+        assert x.stride() == (1, 1)
+        torch.testing.assert_close(g(x), x * 2)
+        assert g.stats.graphs == 1 and g.stats.replays == 2
+
     @pytest.mark.parametrize("backend", ["eager", "simulate"])
     def test_a_transposed_input_is_another_signature(self, make, backend):
         # a graph computes in the layout of its capture: results of a transposed input would
