@@ -15,6 +15,7 @@ Modules, one concept each:
 - ``_index``: which graph a call of another signature matched last (``max_graphs > 1``).
 - ``_entry``: one captured graph as one value; ``decide``, whether a call replays it (the
   one decision every path takes); the replay path.
+- ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's place.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
 - ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
 - ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.

@@ -6,6 +6,12 @@ called with a TensorDict, with keyword arguments named after its ``in_keys``
 optionally with ``tensordict_out=``, which is passed on to the module as
 tensordict's wrapper does. The TensorDict is read by key: the module's ``in_keys``
 must be there, other keys are ignored; ``tensordict_out`` is written, not read.
+
+Both call styles of one ``TensorDictModuleBase`` share its graphs: dispatch turns
+``g(obs=x)`` into ``g(TensorDict(obs=x, batch_size=[]))`` (as eagerly), and that TensorDict,
+which the caller never sees, takes the batch size of a graph whose entries it fits
+(:func:`fit_batch`); a TensorDict of another batch size than a graph captured from keywords
+is served through a stand-in of the graph's (``_entry.Entry.rebatched``).
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ import inspect
 import warnings
 from typing import Any
 
+from tensordict import TensorDict
 from tensordict.utils import unravel_key
 
 from ._paths import NestedKey, as_key, user_stacklevel
 
-__all__ = ["resolve_keys", "module_name", "by_key_paths", "binds_kwargs_by_name", "sorted_kwargs"]
+__all__ = ["resolve_keys", "module_name", "by_key_paths", "binds_kwargs_by_name", "sorted_kwargs", "fit_batch",
+           "stand_in", "add_required"]
 
 
 def _normalise(keys: Any) -> list | None:
@@ -97,3 +105,42 @@ def sorted_kwargs(kwargs: dict) -> dict:
     if keys == sorted(keys):
         return kwargs
     return {k: kwargs[k] for k in sorted(keys)}
+
+
+def fit_batch(td: Any, batch_sizes: list) -> None:
+    """Give ``td``, a TensorDict dispatch built from a keyword call (batch size ``[]``), the
+    first of ``batch_sizes`` (the graphs', most recently used first) whose leading dims its
+    entries have, unless one is its own: then the call matches that graph. A module's result
+    for its ``out_keys`` does not depend on the batch size of the TensorDict it reads them
+    from (dispatch itself equates a keyword call with one of batch size ``[]``)."""
+    if td.batch_size in batch_sizes:
+        return
+    for batch_size in batch_sizes:
+        if len(batch_size):
+            try:
+                td.batch_size = batch_size
+                return
+            except RuntimeError:  # an entry without those leading dims
+                continue
+
+
+def stand_in(td: Any, in_keys: list, batch_size: Any) -> Any:
+    """A TensorDict holding ``td``'s ``in_keys`` entries (the same tensors) with ``batch_size``,
+    for a graph captured with that batch size; ``None`` where an entry is missing or does not
+    have those leading dims."""
+    try:
+        out = td.select(*in_keys)
+        out.batch_size = batch_size
+    except (KeyError, RuntimeError):
+        return None
+    return out
+
+
+def add_required(td: Any, requires: Any) -> None:
+    """Give ``td``, a TensorDict of the wrapper's own (one built by dispatch, or a stand-in),
+    the empty nested TensorDicts a graph requires of its TensorDict argument where it writes
+    below them (``Requirement``\\ s at position 0 with a batch size): the values the module
+    writes do not depend on them."""
+    for position, key, batch_size in requires:
+        if position == 0 and batch_size is not None and td.get(key, None) is None:
+            td.set(key, TensorDict(batch_size=batch_size, device=td.device))

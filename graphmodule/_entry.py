@@ -6,6 +6,7 @@ An :class:`Entry` holds what a capture produced: the signature calls must match
 outputs, what the graph reads from outside its inputs (``watch``) and the runner's
 handle. :func:`decide` says whether a call replays it (the hot path and the slow path
 both ask it); the capturing call and every later call end in :meth:`Entry.finish`.
+Where no graph was captured, an ``_eager.EagerEntry`` stands in its place.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDictBase
 
+from ._dispatch import add_required, stand_in
 from ._runners import _DEPTH, capturing
 from ._effects import TD, Effects, collect_call
 from ._errors import Mismatch
@@ -41,7 +43,7 @@ from ._tree import _is_node
 if TYPE_CHECKING:
     from ._outputsets import OutputSets
 
-__all__ = ["Entry", "Verdict", "decide"]
+__all__ = ["NOT_SERVED", "Entry", "Verdict", "decide"]
 
 
 class Verdict(enum.Enum):
@@ -56,6 +58,7 @@ class Verdict(enum.Enum):
 
 
 REPLAY, OTHER, STALE, REFUSED, INLINE = Verdict  # (read without the class: faster)
+NOT_SERVED = object()  # (Entry.through_stand_in: the graph does not take the call)
 
 
 def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict, Any]:
@@ -80,6 +83,11 @@ def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict,
 
 class Entry:
     """A captured graph and everything needed to replay it for a call."""
+
+    # how messages say where the signature comes from ("CudaGraphModule(f) was captured with
+    # other inputs than this call's"), and what explain() calls it
+    when = "captured"
+    noun = "graph"
 
     def __init__(
         self,
@@ -131,6 +139,50 @@ class Entry:
         self.outputs: OutputSets | None = None
         self.returns_input_td = (out_recipe.kind is PASSED and out_recipe.ref.kind is SLOT_OBJ
                                  and out_recipe.ref.position == 0)
+        self.writes_only = self._writes_only()
+
+    def _writes_only(self) -> list | None:
+        """The keys the graph writes into its TensorDict argument, where writing them and
+        returning that TensorDict is all it does (a TensorDict module's call); else ``None``."""
+        if not self.returns_input_td or self.effects.written:
+            return None
+        keys = []
+        for op in self.effects.ops:
+            target = op.target
+            if op.kind is not TD or target.kind not in (SLOT, SLOT_OBJ) or target.position != 0:
+                return None
+            renamed = op.names is None or isinstance(op.names, (tuple, list))  # (else: unchanged)
+            if op.deletes or op.batch_size is not None or op.moved or renamed:
+                return None
+            keys += [target.path + (name,) for name, _ in op.writes]
+        return keys
+
+    def through_stand_in(self, td: TensorDictBase, in_keys: list, mode: Any) -> Any:
+        """A TensorDict module's call ``g(td)`` this graph does not take as it is: ``td`` has
+        another batch size (the graph was captured from a keyword call's TensorDict, of batch
+        size ``[]``, or the reverse), or other nested TensorDicts where the module writes.
+        Where all the graph does is write entries into its TensorDict and return it, it
+        replays on a stand-in laid out as at capture holding the call's ``in_keys``, then
+        writes those entries into ``td`` leaf by leaf, as the module would (tensordict refuses
+        one without ``td``'s batch dims, as eagerly), and returns ``td``. ``NOT_SERVED``
+        otherwise."""
+        keys, slot = self.writes_only, self.spec.lone_slot
+        stand = stand_in(td, in_keys, slot.batch_size) if keys is not None and slot is not None else None
+        if stand is None:
+            return NOT_SERVED
+        add_required(stand, self.requires)
+        verdict, split = decide(self, (stand,), {}, mode)
+        if verdict is not REPLAY:
+            return NOT_SERVED
+        self.replay(*split, ((stand,), {}))
+        for key in keys:
+            value = stand.get(key)
+            if _is_node(value):  # a TensorDict the module made: eagerly, its leaves were set
+                for sub, leaf in value.items(include_nested=True, leaves_only=True):
+                    td.set(key + (sub if isinstance(sub, tuple) else (sub,)), leaf)
+            else:
+                td.set(key, value)
+        return td
 
     def written_keys(self) -> list:
         """Keys the function writes into its first TensorDict argument (top level and nested)."""
@@ -155,11 +207,14 @@ class Entry:
         return not self.extra_mismatches(leaves, None, objs)
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        gate = self.outputs.gate
+        """The call's result (``decide`` said ``REPLAY``), counted in the wrapper's stats."""
+        outputs = self.outputs
+        outputs.stats.replays += 1
+        gate = outputs.gate
         if gate is not None and gate.busy():
             # The caller still holds a result of the last replay (``out = g(x)`` in a loop
             # holds it until this call returns): the output sets say where results come from.
-            return self.outputs.held(self, leaves, objs, tree)
+            return outputs.held(self, leaves, objs, tree)
         return self._replay(leaves, objs, tree)
 
     def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
@@ -224,7 +279,8 @@ class Entry:
                                       "function writes into it)", f"batch size {list(now.batch_size)}"))
         for i, stride in zip(self.stride_checked, self.stride_facts):
             if leaves[i].stride() != stride:
-                found.append(Mismatch(name(i), "stride", str(stride), str(leaves[i].stride())))
+                found.append(Mismatch(name(i), "stride", f"{stride} exactly (the function returns a view of it)",
+                                      str(leaves[i].stride())))
         if self.check_alias:
             found += self._alias_mismatches(leaves, name)
         if self.effects.written and not torch.is_inference_mode_enabled():

@@ -36,6 +36,11 @@ __all__ = [
 ]
 
 
+# where a signature comes from when no graph was captured (no CUDA, or a failed capture with
+# on_capture_failure="eager"): "CudaGraphModule(f) was <this> with other inputs than this call's"
+WITHOUT_GRAPH = "first called after warmup (eagerly: no CUDA graph)"
+
+
 class GraphModuleError(Exception):
     """Base class of every error graphmodule raises."""
 
@@ -60,13 +65,17 @@ class Mismatch:
     #: the same fact in ``tensordict.nn.CudaGraphModule``'s words, for code matching on them
     compat: str | None = field(default=None, compare=False)
 
-    def describe(self) -> str:
+    def describe(self, captured: bool = True) -> str:
+        """One line; ``captured``: the inputs compared with are a capture's (else, without a
+        graph, those of the first call after warmup)."""
         if self.kind == "missing":
             return f"{self.path}: missing (expected {self.expected})"
         if self.kind == "extra":
-            return f"{self.path}: not in the captured inputs (got {self.got})"
+            inputs = "the captured inputs" if captured else "those inputs"
+            return f"{self.path}: not in {inputs} (got {self.got})"
         if self.kind == "alias":
-            return f"{self.path}: expected {self.expected} (as at capture), got {self.got}"
+            at = "as at capture" if captured else "as then"
+            return f"{self.path}: expected {self.expected} ({at}), got {self.got}"
         if self.kind in ("unread", "inference"):
             return f"{self.path}: expected {self.expected}, got {self.got}"
         if self.kind == "order":
@@ -119,8 +128,11 @@ _ADVICE = {
     "alias": "the graph was captured with other aliasing between its inputs (the same tensor "
     "passed twice, or views of one tensor) and writes into them: pass separate tensors as at "
     "capture (x.clone()), or the same aliasing.",
-    "stride": "the function returns a view of this input, which the replay rebuilds on your "
-    "tensor with the captured strides: pass a tensor of the captured layout (.contiguous()).",
+    "stride": "a graph computes with each input laid out as at capture: the order of its strides "
+    "decides the strides of the results computed from it, and a view of it the function returns is "
+    "rebuilt with the captured strides. Pass tensors laid out as at capture (.contiguous() where it was "
+    "row-major), or pass max_graphs=2 to keep a graph per layout (a returned view needs the captured "
+    "strides exactly).",
     "requires_grad": "requires_grad of every input, and of the parameters a graph backpropagates "
     "to, is part of the capture: it decides which gradients the backward graph computes. Pass "
     "inputs as at capture (x.detach() where it did not require grad), keep the parameters' "
@@ -145,7 +157,7 @@ class InputMismatchError(GraphModuleError, ValueError):
 
     def __init__(self, owner: str, mismatches: list[Mismatch], when: str = "captured",
                  advice: str | None = None) -> None:
-        self.owner = owner
+        self.owner, self.when, self.advice = owner, when, advice
         self.mismatches = list(mismatches)
         first = self.mismatches[0]
         self.path, self.expected, self.got = first.path, first.expected, first.got
@@ -154,7 +166,7 @@ class InputMismatchError(GraphModuleError, ValueError):
             f"{owner} was {when} with other inputs than this call's "
             f"({count} mismatch{'es' if count > 1 else ''}):"
         ]
-        lines += [f"  {m.describe()}" for m in self.mismatches]
+        lines += [f"  {m.describe(when != WITHOUT_GRAPH)}" for m in self.mismatches]
         seen: list[str] = [advice] if advice else []  # advice given: it replaces the per-kind one
         for m in () if advice else self.mismatches:
             text = _ADVICE.get(m.kind)
@@ -169,7 +181,7 @@ class InputMismatchError(GraphModuleError, ValueError):
         super().__init__("\n".join(lines))
 
     def __reduce__(self):  # keep the error picklable (multiprocessing, pytest-xdist)
-        return (type(self), (self.owner, self.mismatches))
+        return (type(self), (self.owner, self.mismatches, self.when, self.advice))
 
 
 class RequiresGradError(InputMismatchError, RuntimeError):
@@ -215,24 +227,29 @@ class StaleGraphError(GraphModuleError, RuntimeError):
     The graph reads memory by address and Python values as they were at capture, so a
     replay would use the old ones. Raised before any replay, with ``on_stale="raise"``.
 
+    Without a graph (no CUDA), the same changes raise: they would on a GPU.
+
     Attributes:
         changes: ``(where, what)`` pairs, e.g. ``("module[0].weight", "another tensor")``.
     """
 
-    def __init__(self, owner: str, changes: list[tuple[str, str]]) -> None:
-        self.owner, self.changes = owner, list(changes)
-        lines = [f"{owner} was captured reading state that has changed since:"]
+    def __init__(self, owner: str, changes: list[tuple[str, str]], when: str = "captured") -> None:
+        self.owner, self.changes, self.when = owner, list(changes), when
+        captured = when != WITHOUT_GRAPH
+        would = "" if captured else " (a CUDA graph would replay what it read then)"
+        lines = [f"{owner} was {when} reading state that has changed since{would}:"]
         lines += [f"  {where}: {what}" for where, what in self.changes]
+        again = "warm up and capture again" if captured else "warm up again"
         lines.append(
             "To fix: update tensors in place (p.copy_(new), opt.load_state_dict(...), "
             "load_state_dict(sd) without assign=True), keep values that change in tensors "
-            "(e.g. a tensor learning rate), or pass on_stale='recapture' to warm up and "
-            "capture again whenever this happens."
+            f"(e.g. a tensor learning rate), or pass on_stale='recapture' to {again} "
+            "whenever this happens."
         )
         super().__init__("\n".join(lines))
 
     def __reduce__(self):
-        return (type(self), (self.owner, self.changes))
+        return (type(self), (self.owner, self.changes, self.when))
 
 
 class CaptureError(GraphModuleError, RuntimeError):

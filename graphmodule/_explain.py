@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from ._errors import InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
+from ._errors import WITHOUT_GRAPH, InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
 from ._paths import describe, format_key, format_path, leaf_texts
-from ._spec import InputSpec, same_constant
+from ._spec import InputSpec, same_constant, stride_order
 from ._tree import MISSING, Node, Slot, _is_non_tensor, child_td, flatten_with_path, is_slot_value
 
 __all__ = ["describe_facts", "describe_graphs", "describe_spec", "explain_mismatches", "mismatch_error"]
@@ -41,22 +41,22 @@ def describe_spec(spec: InputSpec, arg_names: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def describe_graphs(entries: list, eager_spec: InputSpec | None, arg_names: Sequence[str] = ()) -> list[str]:
+def describe_graphs(entries: list, arg_names: Sequence[str] = ()) -> list[str]:
     """``explain()``'s lines for each graph (most recently used first): its inputs, its
-    backward graph (a layer), where its results come from; without graphs, the signature
-    eager calls are checked against (if any)."""
+    backward graph (a layer), where its results come from. A signature served without a
+    graph (``EagerEntry``) says so."""
     lines: list[str] = []
-    if not entries:
-        entries_or_spec = [(eager_spec, None, None)] if eager_spec is not None else []
-    else:
-        entries_or_spec = [(e.spec, e.layer, e.outputs) for e in entries]
-    for n, (spec, layer, outputs) in enumerate(entries_or_spec):
-        lines.append("captured inputs:" if len(entries_or_spec) == 1 else f"graph {n} inputs:")
-        lines += ["  " + line for line in describe_spec(spec, arg_names).splitlines()]
-        if layer is not None:
-            lines.append("  " + layer.describe())
-        if outputs is not None:
-            lines.append("  " + outputs.describe())
+    for n, entry in enumerate(entries):
+        if entry.when == WITHOUT_GRAPH:
+            title = f"inputs, {entry.when}:" if len(entries) == 1 else f"{entry.noun} {n} inputs:"
+        else:
+            title = "captured inputs:" if len(entries) == 1 else f"{entry.noun} {n} inputs:"
+        lines.append(title)
+        lines += ["  " + line for line in describe_spec(entry.spec, arg_names).splitlines()]
+        if entry.layer is not None:
+            lines.append("  " + entry.layer.describe())
+        if entry.outputs is not None:
+            lines.append("  " + entry.outputs.describe())
     return lines
 
 
@@ -158,11 +158,30 @@ def _slot_values(slot: Slot, obj: Any, text: str) -> tuple[list, list[Mismatch]]
     return out, found
 
 
-def _tensor_mismatches(path: str, f: tuple, leaf: Any, key: tuple | None = None) -> list[Mismatch]:
+def describe_strides(strides: tuple, order: tuple) -> str:
+    """``(1, 3) (column-major)``: strides, and the memory order they say."""
+    if list(order) == sorted(order):
+        kind = "row-major"
+    elif list(order) == sorted(order, reverse=True):
+        kind = "column-major"
+    else:
+        kind = f"dims in memory order {order}, outermost first"
+    return f"{tuple(strides)} ({kind})"
+
+
+def _tensor_mismatches(path: str, f: tuple, leaf: Any, key: tuple | None = None,
+                       strides: tuple = (None, None)) -> list[Mismatch]:
+    """What differs between a tensor leaf and the captured facts ``f`` (and the captured
+    ``strides``: exact strides and their order)."""
     if not isinstance(leaf, torch.Tensor):
         return [Mismatch(path, "type", "a tensor", describe(leaf))]
     shape, dtype, device, requires_grad, layout = f
     found = []
+    captured, order = strides
+    if (order is not None and leaf.shape == shape and leaf.layout is torch.strided
+            and leaf.stride() != captured and stride_order(leaf) != order):
+        found.append(Mismatch(path, "stride", describe_strides(captured, order),
+                              describe_strides(leaf.stride(), stride_order(leaf))))
     if leaf.shape != shape:
         if key is None:
             compat = f"CudaGraphModule was captured with an input of shape {shape} but got shape {leaf.shape}."
@@ -202,6 +221,7 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
             found += slot_found
             leaves += values
     facts_at = dict(zip(spec.tensor_index, spec.facts))
+    strides_at = dict(zip(spec.tensor_index, zip(spec.strides, spec.orders)))
     consts_at = dict(zip(spec.const_index, spec.constants))
     keys = [key for _, key in layout.leaf_paths()]
     missing_keys: list = []
@@ -214,7 +234,7 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
             if keys[i] is not None:
                 missing_keys.append(keys[i][0] if len(keys[i]) == 1 else keys[i])
         elif i in facts_at:
-            found += _tensor_mismatches(text, facts_at[i], leaf, keys[i])
+            found += _tensor_mismatches(text, facts_at[i], leaf, keys[i], strides_at[i])
         elif not same_constant(leaf, consts_at[i]):
             kind = "type" if isinstance(leaf, torch.Tensor) or type(leaf) is not type(consts_at[i]) else "value"
             compat = "Varying inputs must be torch.Tensor subclasses." if kind == "value" else None
@@ -230,14 +250,18 @@ def _under_missing(text: str, found: list[Mismatch]) -> bool:
 
 
 def mismatch_error(owner: str, spec: InputSpec, tree: Any, arg_names: Sequence[str], modes: list[Mismatch],
-                   tensordict_module: bool) -> InputMismatchError:
+                   tensordict_module: bool, when: str = "captured", built: bool = False) -> InputMismatchError:
     """The error for a call that does not match, of the class a user would catch; ``modes``:
-    what differs in the modes (``ModeReader.mismatches``)."""
+    what differs in the modes (``ModeReader.mismatches``); ``when``: where the signature
+    comes from (``Entry.when``); ``built``: the first argument is a TensorDict dispatch built
+    from keywords, whose batch size the caller did not choose (not reported)."""
     found = explain_mismatches(spec, tree, arg_names) + modes
+    if built:
+        found = [m for m in found if not (m.kind == "batch_size" and m.path == arg_names[0])] or found
     if not found:  # the fast and slow readers disagree: a bug, but never a silent replay
         found = [Mismatch("inputs", "structure", "the captured call", "a call that does not match it")]
     if all(m.kind == "requires_grad" for m in found):
-        return RequiresGradError(owner, found, "captured")
+        return RequiresGradError(owner, found, when)
     if tensordict_module and all(m.kind == "missing" and "[" in m.path for m in found):
-        return MissingKeyError(owner, found)
-    return InputMismatchError(owner, found)
+        return MissingKeyError(owner, found, when)
+    return InputMismatchError(owner, found, when)

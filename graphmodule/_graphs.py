@@ -15,18 +15,25 @@ import logging
 import os
 from typing import Any, Callable, NamedTuple
 
-from ._dispatch import by_key_paths
-from ._entry import OTHER, REPLAY, Entry, Verdict, decide
+import torch
+
+from ._dispatch import add_required, by_key_paths, fit_batch
+from ._eager import EagerEntry
+from ._entry import NOT_SERVED, OTHER, REPLAY, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._grad import tracks_grad
+from ._hooks import refuse as refuse_hooks
 from ._index import CallIndex
+from ._inputs import StaticInputs
+from ._mode import check_capture
 from ._outputsets import OutputSets
 from ._record import CallRead, leaf_keys, read_call, record
 from ._runners import Runner
 from ._spec import InputSpec
+from ._stale import Watch
 from ._stats import GraphStats
 
-__all__ = ["Found", "Graphs"]
+__all__ = ["NOT_RUN", "Found", "Graphs"]
 
 log = logging.getLogger("graphmodule")
 
@@ -41,6 +48,20 @@ class Found(NamedTuple):
 
 
 _NO_GRAPH = Found(OTHER, None, None, None)
+NOT_RUN = object()  # (Graphs.eager: the call has not run yet)
+
+
+def _laid_out_as(entry: Entry, leaves: Any) -> list:
+    """The call's leaves, copied into tensors laid out as ``entry``'s buffers (the same
+    aliasing and strides), requiring grad where the call's do; its constants as captured."""
+    scratch = StaticInputs(entry.spec.layout, entry.inputs.leaves)
+    with torch.no_grad():
+        scratch.copy_from(leaves)
+    out = list(scratch.leaves)
+    for i in scratch.tensor_index:
+        if leaves[i].requires_grad:
+            out[i].requires_grad_(True)
+    return out
 
 
 class Graphs:
@@ -84,6 +105,32 @@ class Graphs:
             leaves, objs = split
             return Found(verdict, entry, leaves, objs)
         return _NO_GRAPH
+
+    def fit_built(self, td: Any) -> None:
+        """``td``, a TensorDict dispatch built from a keyword call, laid out for a graph of
+        the module's: its batch size (``_dispatch.fit_batch``), and the empty nested TensorDicts
+        the caller's TensorDict had where the graph writes below them (``Entry.requires``),
+        which the keyword call's result does not depend on."""
+        slots = [(entry.spec.lone_slot.batch_size, entry.requires) for entry in self.entries
+                 if entry.spec.lone_slot is not None]
+        fit_batch(td, [batch_size for batch_size, _ in slots])
+        for batch_size, requires in slots:
+            if batch_size == td.batch_size:
+                add_required(td, requires)
+                return
+
+    def other_batch_size(self, td: Any, mode: Any) -> Any:
+        """A TensorDict module's call ``g(td)`` that no graph takes, served by a graph of its
+        entries captured with another batch size (``Entry.through_stand_in``), the most
+        recently used first; ``NOT_SERVED`` where none does."""
+        for entry in self.entries:
+            slot = entry.spec.lone_slot
+            if slot is None or slot.batch_size == td.batch_size:
+                continue
+            out = entry.through_stand_in(td, self.in_keys, mode)
+            if out is not NOT_SERVED:
+                return out
+        return NOT_SERVED
 
     # -- warmup --------------------------------------------------------------------------
     def warmup_call(self, args: tuple, kwargs: dict, first: bool) -> Any:
@@ -138,6 +185,29 @@ class Graphs:
                    lend_later=lend_later and entry.layer is None and bool(entry.plan.graph))
         return entry
 
+    def eager(self, call: CallRead, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> tuple[EagerEntry, Any]:
+        """``call``'s signature served eagerly, without a graph (the runner captures none, or
+        its capture failed with ``on_capture_failure="eager"``): its entry, the most recently
+        used, and the call's result (``ran``, where the call already ran, else run now).
+
+        What a capture refuses before running the function (module hooks, autocast's cache
+        over what the graph reads, inference tensors autograd would save; ``watch``: what it
+        reads, taken before the call) is refused here too, so that code that runs without
+        CUDA runs on a GPU. What only a capture sees (a host synchronisation, Python state
+        the function changes) is not."""
+        args, kwargs = call.tree
+        if ran is NOT_RUN:
+            check_capture(self.owner, mode, watch.tensors(), list(zip(call.texts, call.leaves)))
+            refuse_hooks(self.owner, watch.modules, backward=torch.is_grad_enabled())
+            ran = self.runner.run_eager(lambda: self.module(*args, **kwargs))
+        self.stats.eager_calls += 1
+        # what it reads as the call left it (a function that builds state at its first call)
+        entry = EagerEntry(spec=InputSpec(call.layout, call.leaves, mode), watch=Watch(self.module),
+                           runner=self.runner, module=self.module, stats=self.stats,
+                           returns_input_td=self.in_keys is not None and bool(args) and ran is args[0])
+        self.entries.insert(0, entry)
+        return entry, ran
+
     # -- what output sets ask (the Recorder of _outputsets) -------------------------------
     def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None) -> Entry:
         """``entry``'s call captured again: a lending one (``lend``), or a graph returning copies.
@@ -145,11 +215,16 @@ class Graphs:
         A lending capture copies its results, inside its graph, into buffers of its own
         beside ``like``'s graph, laid out as ``like``'s results (``_twin``); a layer's, whose
         activations must outlive the replay until its backward, is a whole capture in a pool
-        of its own."""
+        of its own.
+
+        The new graph serves ``entry``'s calls, so it is captured from ``entry``'s layout, not
+        the call's: the call's values in buffers aliased and strided as ``entry``'s (a call
+        ``decide`` let through may pass one tensor twice where ``entry`` has two buffers, or
+        other gaps between elements), with ``entry``'s signature."""
         alone = entry.layer is not None
         return record(owner=self.owner, module=self.module, runner=self.runner, layout=entry.spec.layout,
-                      leaves=list(leaves), mode=entry.mode, clone=True, lend=lend, texts=entry.texts,
-                      objs=objs, alone=alone, like=None if alone else like)[0]
+                      leaves=_laid_out_as(entry, leaves), mode=entry.mode, clone=True, lend=lend,
+                      texts=entry.texts, objs=objs, alone=alone, like=None if alone else like, spec=entry.spec)[0]
 
     def replace(self, old: Entry, new: Entry) -> None:
         self.entries[self.entries.index(old)] = new
@@ -178,13 +253,18 @@ class Graphs:
             entry.release()
 
     # -- what a user reads -------------------------------------------------------------------
+    def captured(self) -> list[Entry]:
+        """The graphs held, most recently used first (not signatures served eagerly)."""
+        return [entry for entry in self.entries if entry.handle is not None]
+
     def debug_dump(self, path: str) -> list[str]:
         """Each graph's structure to ``path`` (one graph) or ``path`` with ``.n`` before its
         suffix (graph ``n``, most recently used first); the paths written."""
         root, ext = os.path.splitext(os.fspath(path))
-        n = len(self.entries)
+        entries = self.captured()
+        n = len(entries)
         paths = [os.fspath(path)] if n == 1 else [f"{root}.{k}{ext}" for k in range(n)]
-        for entry, where in zip(self.entries, paths):
+        for entry, where in zip(entries, paths):
             self.runner.debug_dump(entry.handle, where, self.owner)
             if not os.path.exists(where):
                 raise GraphStateError(f"torch wrote no file at {where} for {self.owner}'s graph.")

@@ -6,7 +6,11 @@
        ▲                           │                 │ new signature, max_graphs > 1: warm up, capture
        │                           ├─fails, on_capture_failure="raise"──► FAILED (raises until reset())
        └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER
-                                                           no CUDA ─────► EAGER (checked, eager)
+                                                           no CUDA ─────► EAGER
+
+In ``EAGER`` a signature's "graph" is an ``EagerEntry``, which runs the function on each
+call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs,
+so a wrapper without CUDA accepts and refuses what it would on a GPU.
 
 A call that the most recent graph replays (``_entry.decide``) takes the hot path in
 :meth:`__call__`; every other call (warmup, a capture, another graph, a stale graph, a
@@ -24,21 +28,20 @@ from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import dispatch
+from tensordict.nn import TensorDictModuleBase, dispatch
 
 from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
 from ._distributed import check_capture, explain_failure, note_capture
-from ._entry import OTHER, REFUSED, REPLAY, STALE, Entry, decide
+from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import mismatch_error
-from ._graphs import Graphs
+from ._graphs import NOT_RUN, Graphs
 from ._hooks import detach_hook_weights
 from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
 from ._runners import capturing, collect_before_next_capture, make_runner
-from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
 from ._surface import WrapperSurface
@@ -46,9 +49,6 @@ from ._surface import WrapperSurface
 __all__ = ["CudaGraphModule"]
 
 log = logging.getLogger("graphmodule")
-
-_NOTHING = object()
-
 
 class CudaGraphModule(WrapperSurface):
     """Run a function, ``nn.Module`` or TensorDict module as a CUDA graph.
@@ -114,7 +114,7 @@ class CudaGraphModule(WrapperSurface):
         >>> from graphmodule import CudaGraphModule
         >>> device = "cuda" if torch.cuda.is_available() else "cpu"
         >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore")  # no CUDA: a warning, then eager calls
+        ...     warnings.simplefilter("ignore")  # no CUDA: a warning, then eager calls, checked as a GPU would
         ...     g = CudaGraphModule(lambda x, y: x * y + 1)
         >>> x, y = torch.ones(3, device=device), torch.full((3,), 2.0, device=device)
         >>> for _ in range(4):
@@ -124,7 +124,7 @@ class CudaGraphModule(WrapperSurface):
         >>> g(x, y.double())
         Traceback (most recent call last):
           ...
-        graphmodule._errors.InputMismatchError: CudaGraphModule(<lambda>) was captured with other inputs than this call's (1 mismatch):
+        graphmodule._errors.InputMismatchError: CudaGraphModule(<lambda>) was ... with other inputs than this call's (1 mismatch):
           args[1]: expected dtype torch.float32, got torch.float64
         To fix: copying into the graph's buffer would cast silently: convert the input with .to(dtype) before the call.
     """
@@ -163,6 +163,8 @@ class CudaGraphModule(WrapperSurface):
         self._is_tensordict_module = self.in_keys is not None
         self._arg_names = ("tensordict",) if self._is_tensordict_module else ()
         self._sort_kwargs = binds_kwargs_by_name(module) and not self._is_tensordict_module
+        # a TensorDict module proper: its keyword calls and TensorDict calls share graphs (_dispatch)
+        self._both_styles = isinstance(module, TensorDictModuleBase)
         self._runner = make_runner(backend, device, capture_error_mode, pool, debug)
         self.device = self._runner.device
         self._stats = GraphStats()
@@ -178,9 +180,9 @@ class CudaGraphModule(WrapperSurface):
         self._state = State.WARMUP
         self._warmed = 0  # warmup calls of the first signature
         self._mode = None  # the ModeReader, from the first capture
-        self._eager_spec: InputSpec | None = None  # State.EAGER: what calls are checked against
-        self._eager_mode: Any = None
         self._failure: CaptureError | None = None
+        self._built: TensorDictBase | None = None  # the TensorDict dispatch built for this keyword call
+        self._eager_only = False  # a capture failed, on_capture_failure="eager": no more captures
 
     # -- public surface (the rest, read-only, in _surface) ----------------------------
     def reset(self) -> None:
@@ -195,10 +197,13 @@ class CudaGraphModule(WrapperSurface):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path, in this one frame: whether the most recent graph replays the call
         # (decide), then its replay (Entry.replay); anything else goes to _slow.
-        if self._is_tensordict_module and (kwargs or not args or not isinstance(args[0], TensorDictBase)):
-            # keyword calls and tensordict_out go through tensordict's dispatch; a
-            # TensorDict call is passed on unchanged by it, so it skips the wrapper
-            return self._call_td(*args, **kwargs)
+        if self._is_tensordict_module and (kwargs or not args or (self.in_keys
+                                                                  and not isinstance(args[0], TensorDictBase))):
+            # keyword calls, positional tensors and tensordict_out go through tensordict's
+            # dispatch; a TensorDict call is passed on unchanged by it, so it skips the wrapper
+            # (and a function reading a TensorDict, in_keys=[], is not given one built from a tensor)
+            given = args[0] if args and isinstance(args[0], TensorDictBase) else kwargs.get("tensordict")
+            return self._call_td(*args, _given=given, **kwargs)
         with self._lock:
             if get_ident() != self._thread:
                 self._switch_thread()
@@ -219,21 +224,29 @@ class CudaGraphModule(WrapperSurface):
                     if entry is not entries[0]:
                         entries.remove(entry)
                         entries.insert(0, entry)
-                    self._stats.replays += 1
                     leaves, objs = split
                     return entry.replay(leaves, objs, (args, kwargs))
             return self._slow(args, kwargs)
 
     @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
-    def _call_td(self, tensordict, *args: Any, tensordict_out=None, **kwargs: Any) -> Any:
-        if tensordict_out is None and not kwargs and isinstance(tensordict, TensorDictBase):
-            return self(tensordict, *args)  # a TensorDict first, no keywords: the hot path
-        if tensordict_out is not None:
-            kwargs["tensordict_out"] = tensordict_out
-        with self._lock:  # keywords beside the TensorDict, or no TensorDict: the full path
-            if get_ident() != self._thread:
-                self._switch_thread()
-            return self._slow((tensordict, *args), kwargs)
+    def _call_td(self, tensordict, *args: Any, tensordict_out=None, _given=None, **kwargs: Any) -> Any:
+        with self._lock:
+            # built by dispatch from keywords or tensors (batch size []): the caller never sees
+            # it, and it takes the batch size of a graph its entries fit (_dispatch.fit_batch)
+            built = tensordict if tensordict is not _given and isinstance(tensordict, TensorDictBase) else None
+            if built is not None and self._both_styles:
+                self._graphs.fit_built(built)
+            self._built = built
+            try:
+                if tensordict_out is None and not kwargs and isinstance(tensordict, TensorDictBase):
+                    return self(tensordict, *args)  # a TensorDict first, no keywords: the hot path
+                if tensordict_out is not None:
+                    kwargs["tensordict_out"] = tensordict_out
+                if get_ident() != self._thread:  # keywords beside the TensorDict, or no TensorDict
+                    self._switch_thread()
+                return self._slow((tensordict, *args), kwargs)
+            finally:
+                self._built = None
 
     def _switch_thread(self) -> None:
         """Another thread calls: the runner orders its stream after the last caller's."""
@@ -252,17 +265,19 @@ class CudaGraphModule(WrapperSurface):
             ) from self._failure
         if kwargs and self._sort_kwargs:
             kwargs = sorted_kwargs(kwargs)
-        if self._state is State.EAGER:
-            return self._eager_call(args, kwargs)
         graphs = self._graphs
         mode = self._mode.read() if self._mode is not None else None
         found = graphs.find(args, kwargs, mode)
         if found.verdict is REPLAY:  # (not INLINE: a call inside a capture ran inline above)
-            self._stats.replays += 1
             return found.entry.replay(found.leaves, found.objs, (args, kwargs))
         if found.verdict is STALE:
             return self._stale(found.entry, args, kwargs)
         if found.verdict is REFUSED:
+            if self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
+                # other nested TensorDicts where the module writes (g(td) after g(obs=x), or the reverse)
+                out = found.entry.through_stand_in(args[0], self.in_keys, mode)
+                if out is not NOT_SERVED:
+                    return out
             self._stats.input_mismatches += 1
             raise InputMismatchError(self._owner, found.entry.extra_mismatches(found.leaves, found.entry.texts,
                                                                                found.objs))
@@ -270,8 +285,12 @@ class CudaGraphModule(WrapperSurface):
             detach_hook_weights(self.module)
         if graphs.entries:  # a signature no graph has
             if len(graphs.entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
-                entry = graphs.entries[0]
-                self._raise_mismatch(entry.spec, entry.mode, args, kwargs, mode)
+                if self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
+                    # g(td) where a graph has its entries under another batch size (captured from g(obs=x))
+                    out = graphs.other_batch_size(args[0], mode)
+                    if out is not NOT_SERVED:
+                        return out
+                self._raise_mismatch(graphs.entries[0], args, kwargs, mode)
             return self._new_signature(args, kwargs)
         if self._warmed < self.warmup:
             out = graphs.warmup_call(args, kwargs, first=True)
@@ -294,75 +313,70 @@ class CudaGraphModule(WrapperSurface):
         watch = Watch(self.module)
         reader = self._mode or mode_reader(watch)
         mode = reader.read()
-        if not self._runner.captures:
-            self._run_eagerly_from_now(call, reader, mode)
-            return self.module(*args, **kwargs)
+        if not self._runner.captures or self._eager_only:
+            return self._run_eagerly(call, reader, mode, watch)
         try:
             check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
             entry = self._graphs.capture(call, mode)
         except CaptureError as err:
             err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
             if err.cause != USER_ERROR:
-                return self._capture_failed(err, call, mode, reader)
+                return self._capture_failed(err, call, mode, reader, watch)
             # The function raised while it was captured, with no sign of the capture being to
             # blame. Run the call eagerly: it raises as it would have (with the same partial
             # effects on the arguments), and the wrapper is unchanged.
             out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
             # It did not raise eagerly: the capture was to blame after all.
-            return self._capture_failed(err, call, mode, reader, ran=out)
+            return self._capture_failed(err, call, mode, reader, watch, ran=out)
         self._mode = reader
         self._state = State.CAPTURED
         note_capture(self)  # released before its process groups are destroyed (_distributed)
         return entry.finish(call.leaves, call.objs, call.tree)
 
-    def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, ran: Any = _NOTHING) -> Any:
+    def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, watch: Watch,
+                        ran: Any = NOT_RUN) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""
         self._stats.capture_failures += 1
         log.warning("%s: capture failed (%s)", self._owner, err.cause)
         if self.options.on_capture_failure == "raise":
             self._failure = err
             self._state = State.FAILED
-            if ran is _NOTHING:
+            if ran is NOT_RUN:
                 raise err
             warnings.warn(f"{err}\nThe call ran eagerly instead; later calls raise until reset().",
                           UserWarning, stacklevel=user_stacklevel())
             return ran
         warnings.warn(f"{err}\n{self._owner} runs eagerly from now on (on_capture_failure='eager').",
                       UserWarning, stacklevel=user_stacklevel())
-        self._run_eagerly_from_now(call, reader, mode)
-        if ran is not _NOTHING:
-            return ran
-        args, kwargs = call.tree
-        return self._runner.run_eager(lambda: self.module(*args, **kwargs))
+        self._eager_only = True
+        return self._run_eagerly(call, reader, mode, watch, ran)
 
-    def _run_eagerly_from_now(self, call: CallRead, reader: Any, mode: Any) -> None:
-        """State.EAGER: every later call runs eagerly, checked against this one."""
+    def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> Any:
+        """State.EAGER: this call's signature runs eagerly from now on, checked as a graph's."""
+        _, out = self._graphs.eager(call, mode, watch, ran)
         self._mode = reader
-        self._eager_spec, self._eager_mode = InputSpec(call.layout, call.leaves, mode), mode
         self._state = State.EAGER
-        self._stats.eager_calls += 1
-
-    def _eager_call(self, args: tuple, kwargs: dict) -> Any:
-        spec = self._eager_spec
-        mode = self._mode.read()
-        if spec.match(args, kwargs) is None or mode != self._eager_mode:
-            self._raise_mismatch(spec, self._eager_mode, args, kwargs, mode)
-        self._stats.eager_calls += 1
-        return self._runner.run_eager(lambda: self.module(*args, **kwargs))
+        return out
 
     def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         changes = entry.watch.changes()
         if self.options.on_stale == "raise" or not changes:
-            raise StaleGraphError(self._owner, changes or [("state", "changed")])
+            raise StaleGraphError(self._owner, changes or [("state", "changed")], entry.when)
         self._stats.recaptures += 1
         log.info("%s: dropping a stale graph (%s)", self._owner, "; ".join(f"{w}: {c}" for w, c in changes))
         self._graphs.drop(entry)
         if not self._graphs.entries:
-            self._state, self._warmed = State.WARMUP, 0
+            self._warmed = 0
+            if not self._eager_only:
+                self._state = State.WARMUP
             return self._slow(args, kwargs)
         return self._new_signature(args, kwargs)
 
-    def _raise_mismatch(self, spec: InputSpec, captured_mode: Any, args: tuple, kwargs: dict, mode: Any) -> None:
+    def _raise_mismatch(self, entry: Entry, args: tuple, kwargs: dict, mode: Any) -> None:
+        """A call that ``entry`` (the most recently used graph) does not take, where no other may."""
         self._stats.input_mismatches += 1
-        modes = self._mode.mismatches(captured_mode, mode) if mode != captured_mode else []
-        raise mismatch_error(self._owner, spec, (args, kwargs), self._arg_names, modes, self._is_tensordict_module)
+        modes = self._mode.mismatches(entry.mode, mode) if mode != entry.mode else []
+        # a TensorDict built from keywords has no batch size of the caller's to blame
+        built = self._built is not None and bool(args) and args[0] is self._built
+        raise mismatch_error(self._owner, entry.spec, (args, kwargs), self._arg_names, modes,
+                             self._is_tensordict_module, entry.when, built)

@@ -110,13 +110,13 @@ class OutputSets:
     attaches itself to ``entry`` as ``entry.outputs``.
     """
 
-    __slots__ = ("state", "gate", "others", "_recorder", "_stats", "_owner")
+    __slots__ = ("state", "gate", "others", "_recorder", "stats", "_owner")
 
     def __init__(self, entry: Entry, recorder: Recorder, stats: GraphStats, owner: str,
                  lend_later: bool = False, full: bool = False) -> None:
         self.others: list[Entry] = []  # the twins, each with a Lender of its own
         self._recorder = weakref.ref(recorder)
-        self._stats, self._owner = stats, owner
+        self.stats, self._owner = stats, owner
         self.gate: Any = None
         if entry.plan.lender is not None:
             state = FULL if full else LENDING
@@ -209,7 +209,7 @@ class OutputSets:
         if lending is None:
             self._move(entry, COPYING)
             return entry._replay(leaves, objs, tree)
-        self._stats.lending_captures += 1
+        self.stats.lending_captures += 1
         self._succeed(entry, lending)
         log.info("%s: captured again in %.1f ms to lend its results from buffers outside the shared pool",
                  self._owner, 1e3 * lending.capture_seconds)
@@ -226,8 +226,8 @@ class OutputSets:
         twin = self._lending(entry, leaves, objs, "no further output set")
         if twin is None:
             return _NOTHING
-        self._stats.twin_captures += 1
-        self._stats.twin_bytes += twin.capture_bytes  # (its output buffers included)
+        self.stats.twin_captures += 1
+        self.stats.twin_bytes += twin.capture_bytes  # (its output buffers included)
         if not entry.watch.check():
             self._succeed(entry, twin, full=True)
             log.info("%s: the function rebinds state its graph reads; its second capture replaces the "
@@ -250,7 +250,7 @@ class OutputSets:
             collect_before_next_capture()
             self._move(entry, EAGER_WHILE_HELD)
             return self._eager(tree)
-        self._stats.copy_recaptures += 1
+        self.stats.copy_recaptures += 1
         sets = 1 + len(self.others)
         self._succeed(entry, fresh)
         log.info("%s: results of %d calls were held at once; this call now returns copies "
@@ -260,14 +260,14 @@ class OutputSets:
     def _succeed(self, entry: Entry, new: Entry, full: bool = False) -> None:
         """``new`` (with output sets of its own) takes ``entry``'s place; ``entry`` is released."""
         recorder = self._recorder_now()
-        OutputSets(new, recorder, self._stats, self._owner, full=full)
+        OutputSets(new, recorder, self.stats, self._owner, full=full)
         recorder.replace(entry, new)
         entry.release()  # results it lent keep its memory (see _lend)
 
     def _eager(self, tree: Any) -> Any:
         """A call made while every set's results are held, where no graph returning copies
         could be captured: the function's own results, run eagerly."""
-        self._stats.eager_calls += 1
+        self.stats.eager_calls += 1
         return self._recorder_now().run_eager(tree)
 
 

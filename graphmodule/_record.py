@@ -125,6 +125,7 @@ def record(
     eager_keys: list | None = None,
     alone: bool = False,
     like: Entry | None = None,
+    spec: InputSpec | None = None,
 ) -> tuple[Entry, Materialized]:
     """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
 
@@ -132,12 +133,13 @@ def record(
     likely a layer: its activations must outlive the replay, until its backward).
     ``like``: a graph of this call (lending, or returning copies until it is captured again to
     lend): captured beside it, copying its results into buffers of its own, laid out as
-    ``like``'s (see ``_twin``).
+    ``like``'s (see ``_twin``). ``spec``: the signature the graph serves (another graph's, for
+    a capture made from that graph's layout), else the one ``leaves`` have.
 
     Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
     for an effect or output a replay could not reproduce (the graph is released then).
     """
-    spec = InputSpec(layout, leaves, mode)
+    spec = spec or InputSpec(layout, leaves, mode)
     before = Watch(module)  # what exists before the capture: parameters, state...
     check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
     refuse_hooks(owner, before.modules, backward=torch.is_grad_enabled())

@@ -88,6 +88,7 @@ class Runner(Protocol):
     """What the wrapper asks of a runner; each runner answers every part."""
 
     captures: bool  # whether it captures graphs (False: every call runs eagerly)
+    dumps: bool  # whether its graphs have a structure debug_dump writes (False: debug_dump raises why)
     device: torch.device | None  # the CUDA device of its graphs (None without CUDA)
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
@@ -133,16 +134,21 @@ class Runner(Protocol):
 
 
 class EagerRunner:
-    """No graphs: the function runs at every call."""
+    """No graphs: the function runs at every call. ``why``: why, in the words of messages
+    (``"no CUDA"``, ``"backend='eager'"``)."""
 
     captures = False
+    dumps = False
     device = None
+
+    def __init__(self, why: str = "backend='eager'") -> None:
+        self.why = why
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
         return body()
 
     def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> CaptureResult:
-        raise GraphStateError(f"{owner} runs every call eagerly (backend {type(self).__name__}): it captures "
+        raise GraphStateError(f"{owner} runs every call eagerly ({self.why}): it captures "
                               "no graph.")  # (the wrapper never asks: captures is False)
 
     def replay(self, handle: Any) -> None:
@@ -173,7 +179,7 @@ class EagerRunner:
         return None
 
     def debug_dump(self, handle: Any, path: str, owner: str) -> None:
-        raise GraphStateError(f"{owner} records no CUDA graph (backend {type(self).__name__}): "
+        raise GraphStateError(f"{owner} records no CUDA graph ({self.why}): "
                               "there is no graph structure to dump; use backend='cuda' on a GPU.")
 
 
@@ -194,6 +200,7 @@ class SimulatedRunner(EagerRunner):
     captures = True
 
     def __init__(self) -> None:
+        super().__init__("backend='simulate': a replay re-runs the function")
         self._shared: weakref.WeakSet = weakref.WeakSet()  # live handles a real graph would have in the pool
 
     def capture(self, body: Callable[[], Any], owner: str, alone: bool = False,
@@ -231,6 +238,7 @@ class CudaRunner:
     """Warmup and capture on a side stream, replay on the caller's stream, one memory pool."""
 
     captures = True
+    dumps = True
 
     def __init__(self, device: torch.device, capture_error_mode: str = "thread_local", pool: Any = None,
                  debug: bool = False) -> None:
@@ -526,15 +534,15 @@ def make_runner(backend: str, device: Any, capture_error_mode: str, pool: Any, d
         if not has_cuda:
             warnings.warn(
                 "CudaGraphModule: CUDA is not available, so calls run eagerly (same results, "
-                "no speed-up). Inputs are still checked against the first call after warmup, "
-                "as they would be on a GPU.",
+                "no speed-up). Calls are still checked as they would be on a GPU (signatures, "
+                "max_graphs, what the function reads).",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
-            return EagerRunner()
+            return EagerRunner("no CUDA: it runs eagerly")
         backend = "cuda"
     if backend == "eager":
-        return EagerRunner()
+        return EagerRunner("backend='eager': it runs eagerly")
     if backend == "simulate":
         return SimulatedRunner()
     if not has_cuda:

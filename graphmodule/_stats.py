@@ -24,7 +24,7 @@ class GraphStats:
         recaptures: graphs dropped because what they read changed (``on_stale="recapture"``).
         evictions: graphs dropped for a new signature (``on_graph_limit="evict"``).
         inline_calls: calls made while another wrapper was capturing (recorded into its graph).
-        graphs: graphs held now.
+        graphs: graphs held now (without CUDA: the signatures held, each served eagerly).
         pool_bytes: device memory held by the graphs' memory pool (shared pools count whole).
         capture_seconds: wall time of the last capture.
         twin_captures: further captures of a call (``outputs="safe"``), with output buffers

@@ -63,9 +63,12 @@ class WrapperSurface:
             ...  # warm up and capture
             g.debug_dump("policy.dot")  # then: dot -Tsvg policy.dot -o policy.svg
         """
-        if not self._graphs.entries:
-            raise GraphStateError(f"{self._owner} holds no graph yet (state {self._state.value}): "
-                                  "call it until it has captured, then dump.")
+        if not self._runner.dumps:  # (its message says why there is no structure, now or later)
+            self._runner.debug_dump(None, path, self._owner)
+        if not self._graphs.captured():
+            why = ("its capture failed and it runs eagerly (on_capture_failure='eager'): see explain()"
+                   if self._eager_only else "call it until it has captured, then dump")
+            raise GraphStateError(f"{self._owner} holds no graph yet (state {self._state.value}): {why}.")
         if not self.options.debug:
             raise GraphStateError(f"{self._owner} was built without debug=True, so its graphs keep no "
                                   "structure to dump: build it with CudaGraphModule(..., debug=True).")
@@ -75,7 +78,7 @@ class WrapperSurface:
         """The state and, once captured, each graph's input signature and where its results
         come from."""
         lines = [f"{self._owner}: state {self._state.value}, {self.stats}"]
-        lines += describe_graphs(self._graphs.entries, self._eager_spec, self._arg_names)
+        lines += describe_graphs(self._graphs.entries, self._arg_names)
         if self._failure is not None:
             lines.append(f"capture failed: {self._failure}")
         return "\n".join(lines)

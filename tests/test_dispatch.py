@@ -236,9 +236,6 @@ class TestTensorDictArgumentOfAPlainFunction:
             g(TensorDict(x=torch.ones(2), mode="single", batch_size=[2]))
 
 
-CLASS8 = "#26 class 8: a TensorDict module serves one calling convention per graph"
-
-
 def _linear_policy(backend):
     """A TensorDict module, and its wrapper."""
     torch.manual_seed(0)
@@ -254,7 +251,6 @@ class TestBothCallingConventions:
     """One TensorDict module called with a TensorDict and with keywords (or a positional
     tensor), in either order, as tensordict's wrapper and the plain module accept."""
 
-    @pytest.mark.xfail(strict=True, reason=CLASS8)
     def test_keyword_call_after_tensordict_calls(self, backend):
         module, g = _linear_policy(backend)
         with torch.no_grad():
@@ -266,7 +262,6 @@ class TestBothCallingConventions:
             assert g(td) is td
             torch.testing.assert_close(td["act"], module(obs=_obs(8)))
 
-    @pytest.mark.xfail(strict=True, reason=CLASS8)
     def test_tensordict_call_after_keyword_calls(self, backend):
         module, g = _linear_policy(backend)
         with torch.no_grad():
@@ -277,7 +272,6 @@ class TestBothCallingConventions:
             module(td_eager)
             assert (td == td_eager).all()
 
-    @pytest.mark.xfail(strict=True, reason=CLASS8)
     def test_positional_tensor_after_tensordict_calls(self, backend):
         module, g = _linear_policy(backend)
         with torch.no_grad():
@@ -285,7 +279,6 @@ class TestBothCallingConventions:
                 g(TensorDict(obs=_obs(k), batch_size=[5]))
             torch.testing.assert_close(g(_obs(7)), module(_obs(7)))
 
-    @pytest.mark.xfail(strict=True, reason=CLASS8)
     def test_a_tensor_where_a_tensordict_was_captured_is_named(self):
         # a function taking a TensorDict (in_keys=[]) is called with a tensor: not servable
         # (the plain function fails), and the message says what differs
@@ -299,3 +292,101 @@ class TestBothCallingConventions:
             "  tensordict: expected type a TensorDict, got a tensor of shape (5, 3), torch.float32 on cpu",
             "To fix: pass the same kinds of values as at capture (a tensor where a tensor was captured).",
         ]
+
+    def test_a_keyword_call_of_another_shape_is_refused_without_a_batch_size_it_did_not_choose(self):
+        _, g = _linear_policy("simulate")
+        with torch.no_grad():
+            for k in range(3):
+                g(TensorDict(obs=_obs(k), batch_size=[5]))
+            with pytest.raises(InputMismatchError) as info:
+                g(obs=torch.zeros(4, 3))
+        assert str(info.value).splitlines()[:2] == [
+            "CudaGraphModule(TensorDictModule) was captured with other inputs than this call's (1 mismatch):",
+            "  tensordict['obs']: expected shape (5, 3), got (4, 3)",
+        ]
+
+    @staticmethod
+    def _sequential():
+        torch.manual_seed(0)
+        return TensorDictSequential(
+            TensorDictModule(nn.Linear(3, 4), in_keys=["obs"], out_keys=["hidden"]),
+            TensorDictModule(nn.Linear(4, 2), in_keys=["hidden"], out_keys=[("next", "act")]),
+        )
+
+    @staticmethod
+    def _td(k, batch_size=(5,)):
+        # other entries, and a nested TensorDict the module's nested out_key writes into
+        return TensorDict(obs=_obs(k), other=torch.ones(5), next=TensorDict(keep=torch.zeros(5), batch_size=[5]),
+                          batch_size=batch_size)
+
+    @pytest.mark.parametrize("first", ["keywords", "tensordict"])
+    def test_a_sequence_writing_nested_keys_in_both_styles(self, backend, first):
+        module = self._sequential()
+        g = CudaGraphModule(module, warmup=1, backend=backend)
+        with torch.no_grad():
+            for k in range(6):
+                if (k < 3) == (first == "keywords"):
+                    got, want = g(obs=_obs(k)), module(obs=_obs(k))
+                    for a, b in zip(got, want):
+                        torch.testing.assert_close(a, b)
+                else:
+                    td, td_eager = self._td(k), self._td(k)
+                    assert g(td) is td
+                    module(td_eager)
+                    assert list(td.keys(True, True)) == list(td_eager.keys(True, True))
+                    assert (td == td_eager).all()
+        assert g.stats.graphs == 1 and g.stats.input_mismatches == 0
+
+    def test_a_tensordict_whose_batch_the_outputs_do_not_fit_raises_as_eagerly(self, backend):
+        # captured from keywords (batch size []), called with a TensorDict of batch size [5, 3]:
+        # eagerly the module's write of "act" (5, 2) is refused by tensordict
+        module, g = _linear_policy(backend)
+        with torch.no_grad():
+            for k in range(3):
+                g(obs=_obs(k))
+            with pytest.raises(RuntimeError) as eager:
+                module(TensorDict(obs=_obs(7), batch_size=[5, 3]))
+            with pytest.raises(RuntimeError) as ours:
+                g(TensorDict(obs=_obs(7), batch_size=[5, 3]))
+        assert str(ours.value) == str(eager.value)
+
+    def test_with_room_each_style_has_its_graph(self, backend):
+        module, g = _linear_policy(backend)
+        g = CudaGraphModule(module, warmup=1, backend=backend, max_graphs=2)
+        with torch.no_grad():
+            for k in range(3):
+                torch.testing.assert_close(g(obs=_obs(k)), module(obs=_obs(k)))
+            for k in range(3):
+                td = TensorDict(obs=_obs(k), batch_size=[5])
+                assert g(td) is td
+                torch.testing.assert_close(td["act"], module(obs=_obs(k)))
+            torch.testing.assert_close(g(obs=_obs(9)), module(obs=_obs(9)))
+        assert g.stats.graphs == 2
+
+    @pytest.mark.cuda
+    @pytest.mark.parametrize("first", ["keywords", "tensordict"])
+    def test_both_styles_on_cuda_graphs(self, first):
+        # real capture: a keyword call's TensorDict is the module's own, the stand-in's writes
+        # (lent buffers) land in the caller's TensorDict, and hold their values across replays
+        module = self._sequential().cuda()
+        g = CudaGraphModule(module, warmup=1, backend="cuda")
+        held = []
+        with torch.no_grad():
+            for k in range(6):
+                obs = _obs(k).cuda()
+                if (k < 3) == (first == "keywords"):
+                    got = g(obs=obs)
+                    held.append((got, module(obs=obs)))
+                else:
+                    td = self._td(k).cuda()
+                    ref = td.clone()
+                    assert g(td) is td
+                    module(ref)
+                    held.append((td, ref))
+            for got, want in held:
+                if isinstance(want, tuple):
+                    for a, b in zip(got, want):
+                        torch.testing.assert_close(a, b)
+                else:
+                    assert (got == want).all()
+        assert g.stats.graphs == 1 and g.stats.captures == 1

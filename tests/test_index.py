@@ -34,9 +34,10 @@ def _count_slow(monkeypatch, g):
 
 class TestCallIndex:
     def test_the_key_is_the_modes_and_each_arguments_shape(self):
-        x, td_like = torch.zeros(2, 3), torch.zeros(4)
-        assert call_key((x, 1.5), {"obs": td_like}, ("m",)) == (
-            ("m",), (torch.Size([2, 3]), None), ("obs",), (torch.Size([4]),))
+        x, other = torch.zeros(2, 3), torch.zeros(4)
+        td_like = type("Batch", (), {"shape": torch.Size([4])})()
+        assert call_key((x, 1.5), {"obs": other, "td": td_like}, ("m",)) == (
+            ("m",), ((torch.Size([2, 3]), (3, 1)), None), ("obs", "td"), ((torch.Size([4]), (1,)), torch.Size([4])))
 
     def test_it_answers_only_with_graphs_still_held_and_holds_none_alive(self):
         class Entry:
@@ -105,6 +106,23 @@ def test_signatures_in_turn_replay_without_the_slow_path(make, monkeypatch, grap
             torch.testing.assert_close(g(x), net(x))
     assert g.stats.captures == captures and g.stats.replays == replays + 12
     assert len(slow) <= len(xs)  # at most the first call of a signature tries every graph
+
+
+def test_layouts_in_turn_replay_without_the_slow_path(make, monkeypatch, graph_backend):
+    # a row-major and a transposed input of one shape: two graphs, each found by its strides
+    g = make(lambda x: x * 2, warmup=1, max_graphs=2, backend=graph_backend)
+    m = torch.arange(12.0).reshape(3, 4)
+    xs = [m, m.t().contiguous().t()]
+    for _ in range(5):  # warm up, capture, the lending capture of the second, each found once
+        for x in xs:
+            g(x)
+    slow = _count_slow(monkeypatch, g)
+    for _ in range(3):
+        for x in xs:
+            out = g(x)
+            torch.testing.assert_close(out, x * 2)
+            assert out.stride() == (x * 2).stride()
+    assert len(slow) == 0 and g.stats.graphs == 2
 
 
 def test_train_and_eval_alternating_replay_without_the_slow_path(make, monkeypatch, graph_backend):

@@ -15,9 +15,6 @@ from torch import nn
 
 from graphmodule import CudaGraphModule, InputMismatchError
 
-CLASS1 = "#26 class 1: a later capture inherits the aliasing or layout of the call that triggered it"
-
-
 def mix(x, y):
     return x * 100 + y
 
@@ -33,7 +30,6 @@ def _captured(fn, *args, **options):
     return g
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_a_twin_captured_from_an_aliased_call_then_a_call_with_distinct_tensors(graph_backend):
     a, b = _pair()
     g = _captured(mix, a, b, backend=graph_backend)
@@ -64,7 +60,6 @@ def _td(a, b):
     return TensorDict(a=a, b=b, batch_size=[3])
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_a_twin_captured_from_a_tensordict_holding_one_tensor_under_two_keys(graph_backend):
     a, b = _pair()
     g = _captured(_two_keys, _td(a, b), in_keys=[], backend=graph_backend)
@@ -75,7 +70,6 @@ def test_a_twin_captured_from_a_tensordict_holding_one_tensor_under_two_keys(gra
     torch.testing.assert_close(held, _two_keys(_td(a, b)))
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_a_layer_twin_captured_from_an_aliased_call_gives_eager_values_and_gradients(graph_backend):
     torch.manual_seed(0)
     lin = nn.Linear(3, 3)
@@ -100,7 +94,6 @@ def test_a_layer_twin_captured_from_an_aliased_call_gives_eager_values_and_gradi
     torch.testing.assert_close(held, want)
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_a_lending_capture_made_from_an_aliased_call(graph_backend):
     # a second signature's graph returns copies until its next call captures it again to lend
     a, b = _pair()
@@ -115,7 +108,6 @@ def test_a_lending_capture_made_from_an_aliased_call(graph_backend):
     torch.testing.assert_close(g(a2, b2), mix(a2, b2))  # served before: served again
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_a_copying_capture_made_from_an_aliased_call(graph_backend):
     a, b = _pair()
     g = _captured(mix, a, b, backend=graph_backend)
@@ -148,7 +140,6 @@ def _as_eagerly_or_refused(g, fn, x):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_a_capture_made_from_a_transposed_call_then_contiguous_calls(graph_backend):
     m = _square()
     g = _captured(double, m, backend=graph_backend)
@@ -161,7 +152,6 @@ def test_a_capture_made_from_a_transposed_call_then_contiguous_calls(graph_backe
     torch.testing.assert_close(held, double(m))
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_the_first_capture_made_from_a_transposed_call_then_a_contiguous_call(graph_backend):
     m = _square()
     g = _captured(double, m.t(), backend=graph_backend)
@@ -169,7 +159,6 @@ def test_the_first_capture_made_from_a_transposed_call_then_a_contiguous_call(gr
     _as_eagerly_or_refused(g, double, m)
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_a_contiguous_capture_then_a_transposed_call(graph_backend):
     m = _square()
     g = _captured(double, m, backend=graph_backend)
@@ -177,7 +166,6 @@ def test_a_contiguous_capture_then_a_transposed_call(graph_backend):
     _as_eagerly_or_refused(g, double, m.t())
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS1)
 def test_with_room_for_two_graphs_both_layouts_are_served_as_eagerly(graph_backend):
     m = _square()
     g = _captured(double, m, backend=graph_backend, max_graphs=2)

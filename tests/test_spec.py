@@ -24,7 +24,8 @@ class TestTensorLeaves:
         with pytest.raises(InputMismatchError) as info:
             g(torch.zeros(3), torch.zeros(3, dtype=torch.float64))
         assert str(info.value) == (
-            "CudaGraphModule(<lambda>) was captured with other inputs than this call's (1 mismatch):\n"
+            "CudaGraphModule(<lambda>) was first called after warmup (eagerly: no CUDA graph) with other inputs "
+            "than this call's (1 mismatch):\n"
             "  args[1]: expected dtype torch.float32, got torch.float64\n"
             "To fix: copying into the graph's buffer would cast silently: convert the input with "
             ".to(dtype) before the call."
@@ -57,16 +58,53 @@ class TestTensorLeaves:
         assert "(3 mismatches)" in text and text.count("To fix:") == 3
 
     @pytest.mark.parametrize("backend", ["eager", "simulate"])
-    def test_non_contiguous_input_of_the_captured_shape_is_accepted(self, make, backend):
-        # simulated replays copy it into the captured (contiguous) buffer: element by
-        # element, not storage order
+    def test_a_slice_laid_out_in_the_captured_order_is_served(self, make, backend):
+        # other gaps between elements, the same order: copied into the captured (row-major)
+        # buffer, it gives eager's values and result strides
         g = make(lambda x: x + 1, warmup=1, backend=backend)
         g(torch.zeros(3, 4))
         g(torch.zeros(3, 4))
         for i in range(2):
-            x = (torch.arange(12.0) + 12 * i).reshape(4, 3).t()
+            x = (torch.arange(24.0) + 24 * i).reshape(3, 8)[:, ::2]
             assert not x.is_contiguous()
-            torch.testing.assert_close(g(x), x + 1)
+            out = g(x)
+            torch.testing.assert_close(out, x + 1)
+            assert out.stride() == (x + 1).stride()
+
+    def test_the_stride_of_a_dim_of_one_element_does_not_count(self, make):
+        # a batch of one observation: (1, 17) with strides (17, 1) or (1, 1) is one layout
+        g = make(lambda x: x * 2, warmup=1, backend="simulate")
+        for _ in range(2):
+            g(torch.ones(1, 17))
+        x = torch.arange(17.0).reshape(17, 1).t()
+        assert x.stride() == (1, 1)
+        torch.testing.assert_close(g(x), x * 2)
+        assert g.stats.graphs == 1 and g.stats.replays == 2
+
+    @pytest.mark.parametrize("backend", ["eager", "simulate"])
+    def test_a_transposed_input_is_another_signature(self, make, backend):
+        # a graph computes in the layout of its capture: results of a transposed input would
+        # get row-major strides where eagerly they are column-major (x.view(-1) then differs)
+        g = make(lambda x: x + 1, warmup=1, backend=backend)
+        g(torch.zeros(3, 4))
+        g(torch.zeros(3, 4))
+        with pytest.raises(InputMismatchError) as info:
+            g(torch.zeros(4, 3).t())
+        assert [m.describe() for m in info.value.mismatches] == [
+            "args[0]: expected stride (4, 1) (row-major), got (1, 3) (column-major)"]
+        assert "pass max_graphs=2 to keep a graph per layout" in str(info.value)
+
+    @pytest.mark.parametrize("backend", ["eager", "simulate"])
+    def test_with_max_graphs_each_layout_has_its_graph(self, make, backend):
+        g = make(lambda x: x + 1, warmup=1, backend=backend, max_graphs=2)
+        for i in range(6):
+            x = torch.arange(12.0).reshape(3, 4) + i
+            if i >= 2:
+                x = x.t().contiguous().t()  # the same values, column-major
+            out = g(x)
+            torch.testing.assert_close(out, x + 1)
+            assert out.stride() == (x + 1).stride()
+        assert g.stats.graphs == 2
 
     def test_requires_grad_is_part_of_the_signature(self, make):
         g = make(lambda x: x * 2, warmup=1, backend="eager")
@@ -90,7 +128,7 @@ class TestStructure:
             g(ob=torch.ones(2))
         assert str(info.value).splitlines()[1:3] == [
             "  kwargs['obs']: missing (expected a tensor of shape (2,), torch.float32 on cpu)",
-            "  kwargs['ob']: not in the captured inputs (got a tensor of shape (2,), torch.float32 on cpu)",
+            "  kwargs['ob']: not in those inputs (got a tensor of shape (2,), torch.float32 on cpu)",
         ]
 
     def test_nested_containers_are_checked_by_path(self, make):
@@ -108,7 +146,7 @@ class TestStructure:
 
     def test_extra_positional_argument(self, make):
         g = _captured(make, lambda *xs: sum(xs), torch.zeros(2))
-        with pytest.raises(InputMismatchError, match=r"args\[1\]: not in the captured inputs"):
+        with pytest.raises(InputMismatchError, match=r"args\[1\]: not in those inputs"):
             g(torch.zeros(2), torch.zeros(2))
 
     def test_tensor_where_a_constant_was_captured(self, make):

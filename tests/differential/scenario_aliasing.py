@@ -10,15 +10,14 @@ graphed layer also backpropagates, and the step returns the parameters' gradient
 
 A graph captured from a call whose inputs share memory may refuse later calls whose inputs do
 not (it copies one buffer per group), and a graph may refuse a call whose inputs' strides are
-in another order than at its capture (results that follow their inputs' layout would differ):
-a refusal is accepted only where a program has such a call. Everywhere else every call must
-be served.
+in another order than at its capture (another signature: with ``max_graphs`` room, it gets a
+graph of its own): a refusal is accepted only where a program has such a call. Everywhere
+else every call must be served, whatever capture made the graph that serves it (every graph
+of a signature is captured from the layout of its first).
 
-Foci: ``aliasing`` draws programs whose captures come only from plain calls (distinct
-contiguous tensors), with no transposed call, and ``outputs="clone"``: today's code serves
-them. ``xfail_aliasing`` draws them all (#26 class 1: a twin, copying or lending capture
-inherits the layout of the call that triggered it; a graph hands calls of another stride
-order the strides of its capture).
+Focus ``aliasing``; what it found before each graph was captured from its signature's layout
+(#26 class 1): a twin, copying or lending capture made from ``g(x, x)`` served ``g(a, b)`` as
+if ``b`` were ``a``, and results of a transposed call took the strides of the capture.
 """
 
 from hypothesis import strategies as st
@@ -96,8 +95,9 @@ ORDER = {"transposed": "x transposed", "both_transposed": "x and y transposed"}
 
 
 def capturing_calls(shapes: list[int], warmup: int, max_graphs: int) -> list[int]:
-    """The indices of the calls that capture a signature's first graph (aliasing is no part of
-    a signature: only the shape is): the call after ``warmup`` calls, then, for the other
+    """The indices of the calls that capture a signature's first graph, by shape (aliasing is
+    no part of a signature; the order of the strides is, and a call of another order than its
+    shape's capture may be refused): the call after ``warmup`` calls, then, for the other
     shape, the call after ``warmup`` more of its own."""
     if len(shapes) <= warmup:
         return []
@@ -113,7 +113,9 @@ def capturing_calls(shapes: list[int], warmup: int, max_graphs: int) -> list[int
     return out
 
 
-def _scenario(draw, clean: bool) -> Scenario:
+@register("aliasing")
+@st.composite
+def aliasing_scenarios(draw) -> Scenario:
     warmup = draw(st.integers(1, 2))
     steps = draw(st.integers(warmup + 2, 9))
     max_graphs = draw(st.sampled_from([1, 2]))
@@ -121,16 +123,13 @@ def _scenario(draw, clean: bool) -> Scenario:
     shapes = [n] * steps
     if max_graphs > 1:
         shapes = [draw(st.sampled_from([n, n + 1])) if i > warmup else n for i in range(steps)]
-    kinds = [draw(st.sampled_from([k for k in KINDS if not (clean and k in ORDER)])) for _ in range(steps)]
+    kinds = [draw(st.sampled_from(KINDS)) for _ in range(steps)]
     captures = capturing_calls(shapes, warmup, max_graphs)
-    if clean:  # captures from plain calls only
-        for i in captures:
-            kinds[i] = "distinct"
     layer = draw(st.booleans())
     body = draw(st.sampled_from(LAYER_BODIES if layer else BODIES))
     td = not layer and draw(st.booleans())
     hold = {i for i in range(steps) if draw(st.booleans())}
-    outputs = "clone" if clean else draw(st.sampled_from(["safe", "safe", "clone"]))
+    outputs = draw(st.sampled_from(["safe", "safe", "clone"]))
     options = (("outputs", outputs), ("max_graphs", max_graphs)) + ((("in_keys", []),) if td else ())
     src = TEMPLATE.format(
         calls=list(zip(kinds, shapes)),
@@ -148,15 +147,3 @@ def _scenario(draw, clean: bool) -> Scenario:
     tags = {kinds[i] for i in captures} | ({"layer"} if layer else set()) | ({"td"} if td else set())
     return Scenario(src=src, steps=steps, warmup=warmup, options=options, refusable=refusable,
                     tags=frozenset(tags))
-
-
-@register("aliasing")
-@st.composite
-def aliasing_scenarios(draw):
-    return _scenario(draw, clean=True)
-
-
-@register("xfail_aliasing")
-@st.composite
-def aliasing_scenarios_all(draw):
-    return _scenario(draw, clean=False)

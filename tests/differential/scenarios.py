@@ -28,6 +28,10 @@ Accepted: equal, or the wrapper raised a :class:`graphmodule.GraphModuleError` b
 effect (the observed state still equals the plain world's before that step); the scenario
 ends there. A scenario with ``refusable=False`` must be served: a refusal is a failure.
 
+A scenario with ``also="eager"`` runs a third time, through a wrapper on that backend: it must
+serve and refuse the same steps as the graphs did (the same error class and mismatch kinds),
+with the same counters (its eager calls counting as the graphs' replays).
+
 Generators live in ``tests/differential/scenario_*.py`` and register a hypothesis strategy
 with :func:`register`; ``tests/test_scenarios.py`` fuzzes every registered focus.
 """
@@ -83,6 +87,7 @@ class Scenario:
     options: tuple = ()
     refusable: bool = True
     tags: frozenset = field(default_factory=frozenset)
+    also: str | None = None  # a backend that must accept and refuse what the graphs do
 
     def compile(self, device: str) -> dict:
         ns = {"torch": torch, "nn": nn, "TensorDict": TensorDict, "device": device, "CudaGraphModule": CudaGraphModule}
@@ -101,8 +106,9 @@ class Scenario:
         )
 
     def __repr__(self) -> str:  # hypothesis prints the falsifying example with this
+        also = f", also={self.also!r}" if self.also else ""
         return (f"Scenario(steps={self.steps}, warmup={self.warmup}, options={dict(self.options)}, "
-                f"refusable={self.refusable}, tags={sorted(self.tags)})\n{self.src}")
+                f"refusable={self.refusable}, tags={sorted(self.tags)}{also})\n{self.src}")
 
 
 @dataclass
@@ -111,6 +117,8 @@ class ScenarioOutcome:
     backend: str
     steps: list[str]
     diffs: list[Diff]
+    ended: str = "served every step"  # or the step that was refused, the error and its mismatch kinds
+    counts: tuple = ()  # the wrapper's counters at the end (see _counts)
 
     @property
     def ok(self) -> bool:
@@ -137,8 +145,37 @@ def _objects(results: list, state: Any) -> list[tuple[str, Any]]:
     return objs
 
 
+def _counts(g: CudaGraphModule) -> tuple:
+    """Counters a graph and an eager signature share: calls served after warmup are replays of
+    graphs, eager calls without them."""
+    s = g.stats
+    served = s.replays if s.captures else s.eager_calls
+    return (("warmup_calls", s.warmup_calls), ("served", served), ("evictions", s.evictions),
+            ("recaptures", s.recaptures), ("input_mismatches", s.input_mismatches), ("graphs", s.graphs))
+
+
+def _ended(label: str, err: BaseException) -> str:
+    kinds = [m.kind for m in getattr(err, "mismatches", [])]
+    return f"{label}: {type(err).__name__}" + (f" {kinds}" if kinds else "")
+
+
 def run_scenario(sc: Scenario, backend: str = "simulate", device: str = "cpu") -> ScenarioOutcome:
-    """Run ``sc`` in both worlds; the differences of the first step that has any."""
+    """Run ``sc`` in both worlds; the differences of the first step that has any (and, for a
+    scenario with ``also``, those of the run on that backend)."""
+    outcome = _run(sc, backend, device)
+    if sc.also is None or outcome.diffs:
+        return outcome
+    other = _run(sc, sc.also, device)
+    if other.diffs:
+        return other
+    for what, ours, theirs in (("refusal", outcome.ended, other.ended), ("counters", outcome.counts, other.counts)):
+        if ours != theirs:
+            outcome.diffs.append(Diff("end", f"parity:{what}", f"backend={sc.also!r}", f"{backend}: {ours}",
+                                      f"{sc.also}: {theirs}"))
+    return outcome
+
+
+def _run(sc: Scenario, backend: str, device: str) -> ScenarioOutcome:
     ns = sc.compile(device)
     torch.manual_seed(0)
     plain = ns["build"]()
@@ -148,6 +185,7 @@ def run_scenario(sc: Scenario, backend: str = "simulate", device: str = "cpu") -
     steps: list[str] = []
     e_results: list = []
     w_results: list = []
+    ended = "served every step"
     for i in range(sc.steps):
         label = f"step{i}"
         before = _observe(ns, plain)
@@ -159,7 +197,7 @@ def run_scenario(sc: Scenario, backend: str = "simulate", device: str = "cpu") -
             compare(before, _observe(ns, wrapped), "state", "error-with-side-effects", label, diffs)
             if not sc.refusable:
                 diffs.append(Diff(label, "error:refused-a-servable-program", "call", "served", show(w_err, 400)))
-            return ScenarioOutcome(sc, backend, steps, diffs)
+            return ScenarioOutcome(sc, backend, steps, diffs, _ended(label, w_err), _counts(g))
         torch.manual_seed(1000 + i)
         e_out, e_err, e_warn = _call(ns["step"], (plain, plain["fn"], i), {})
         steps.append(f"{label}: eager {_Text(e_out, e_err)}; wrapper {_Text(w_out, w_err)}")
@@ -188,13 +226,14 @@ def run_scenario(sc: Scenario, backend: str = "simulate", device: str = "cpu") -
         if diffs:
             return ScenarioOutcome(sc, backend, steps, diffs)
         if e_err is not None:  # the same error in both worlds: the program ends there
+            ended = _ended(label, e_err)
             break
     diffs = []
     for i, (e_out, w_out) in enumerate(zip(e_results, w_results)):
         found: list[Diff] = []
         compare(e_out, w_out, "out", "output", f"step{i}, after the last step", found)
         diffs += [dataclasses.replace(d, kind="stale-" + d.kind) for d in found]
-    return ScenarioOutcome(sc, backend, steps, diffs)
+    return ScenarioOutcome(sc, backend, steps, diffs, ended, _counts(g))
 
 
 def check_scenario(sc: Scenario, backend: str = "simulate", device: str = "cpu") -> ScenarioOutcome:
