@@ -244,6 +244,15 @@ class StaticInputs:
                 out.append(None)
         return out
 
+    def layouts(self) -> list[tuple]:
+        """Each buffer's shape, strides and offset, to find metadata changed in place."""
+        return [(tuple(t.shape), t.stride(), t.storage_offset()) for t in self.buffers]
+
+    def relaid(self, before: list[tuple]) -> list[tuple[int, tuple, tuple]]:
+        """``(leaf index, before, after)`` of each buffer whose shape, strides or offset the
+        function changed in place (``x.t_()``, ``x.unsqueeze_(0)``, ``x.resize_(2)``)."""
+        return [(i, was, now) for i, was, now in zip(self.tensor_index, before, self.layouts()) if was != now]
+
     def snapshot(self) -> list[Tensor]:
         """Copies of the buffers' bytes, to find writes no version counter saw (``.data``)."""
         with torch.no_grad():

@@ -106,6 +106,25 @@ def _same_returned_keys(owner: str, out: Any, eager_keys: list | None, materiali
         )
 
 
+def _same_layouts(owner: str, inputs: StaticInputs, before: list[tuple], texts: list[str]) -> None:
+    """No input changed its shape, strides or offset in place: a replay copies each call's
+    tensors into the buffers, whose metadata it cannot change on the caller's tensor."""
+    relaid = inputs.relaid(before)
+    if relaid:
+        i, was, now = relaid[0]
+        raise UnsupportedError(
+            owner,
+            f"{texts[i]} changed its shape or strides in place ({_layout(was)} → {_layout(now)}); a replay "
+            "copies each call's tensors into fixed buffers and cannot change the caller's tensor's shape.",
+            "use the out-of-place form (x = x.t(), x = x.unsqueeze(0)) and return the result.",
+        )
+
+
+def _layout(layout: tuple) -> str:
+    shape, stride, offset = layout
+    return f"shape {shape}, stride {stride}" + (f", offset {offset}" if offset else "")
+
+
 def mode_reader(watch: Watch) -> ModeReader:
     return ModeReader([m for m, _ in watch.modules], [label for _, label in watch.modules])
 
@@ -148,7 +167,7 @@ def record(
     materialized = Materialized(inputs, callers=objs)
     containers = ContainerSnapshot(materialized)
     python = PythonEffects(before.functions)
-    versions, snapshot = inputs.versions(), inputs.snapshot()
+    versions, snapshot, layouts = inputs.versions(), inputs.snapshot(), inputs.layouts()
     args, kwargs = materialized.tree
 
     body = lambda: module(*args, **kwargs)  # noqa: E731
@@ -159,6 +178,7 @@ def record(
         captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
     handle, out = captured.handle, captured.out
     try:
+        _same_layouts(owner, inputs, layouts, texts)
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
         changed = python.changes()
         if changed:
