@@ -10,8 +10,9 @@ storage), and just before the next replay looks at its use count
 
 - nobody holds it (the count is what graphmodule itself holds; the lent storage is ours
   alone, so that count never changes under us): replay; nothing is copied;
-- a caller still holds a result, a view of one or a container with one: this graph must
-  not run. The commonest holder is the caller's own variable (in ``for ...: out = g(x)``,
+- a caller still holds a result, a view of one, a container with one, or its storage
+  (``out.untyped_storage()`` is graphmodule's lent storage object itself: its Python
+  references are counted too): this graph must not run. The commonest holder is the caller's own variable (in ``for ...: out = g(x)``,
   ``out`` holds the last result while the next call runs), so the first time, the entry
   captures the same call a second time with buffers of its own (a *twin*); from then on
   the two alternate, each replayed while the other's results are held. A caller that
@@ -50,6 +51,7 @@ read the graph's memory, which the next call overwrites. Use ``outputs="clone"``
 from __future__ import annotations
 
 import ctypes
+from sys import getrefcount
 from typing import Any
 
 import torch
@@ -92,7 +94,7 @@ def _lent_storage(owner: torch.UntypedStorage) -> torch.UntypedStorage:
 class _Group:
     """The graph outputs over one storage, and the lent storage they are handed out on."""
 
-    __slots__ = ("templates", "cdata", "base", "lent")
+    __slots__ = ("templates", "cdata", "base", "lent", "refs")
 
     def __init__(self, members: list[tuple[int, Tensor]]) -> None:
         owner = members[0][1].untyped_storage()
@@ -100,10 +102,13 @@ class _Group:
         self.templates = [(j, _on(self.lent, t)) for j, t in members]
         self.cdata = self.lent._cdata
         self.base = _use_count(self.cdata)  # what graphmodule itself holds
+        # ``out.untyped_storage()`` is this very Python object (torch keeps one per storage):
+        # a caller holding it alone adds a Python reference, not a use of the storage
+        self.refs = getrefcount(self.lent)
 
     def held(self) -> bool:
-        """Whether a caller holds a tensor over the lent storage."""
-        return _use_count(self.cdata) != self.base
+        """Whether a caller holds a tensor over the lent storage, or the storage itself."""
+        return _use_count(self.cdata) != self.base or getrefcount(self.lent) != self.refs
 
 
 def _on(storage: torch.UntypedStorage, t: Tensor) -> Tensor:
