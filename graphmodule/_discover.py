@@ -316,6 +316,13 @@ class Discovery:
             if isinstance(value, (torch.Tensor, TensorDictBase)):
                 self._bind(td._tensordict, name, value, f"{label}[{name!r}]", depth)
 
+    def places(self) -> dict[int, tuple[Any, Any]]:
+        """``id(t) -> (container, key)``: where each tensor found is read from (the first place)."""
+        out: dict[int, tuple[Any, Any]] = {}
+        for container, key, t in zip(self._t[0], self._t[1], self._tensors):
+            out.setdefault(id(t), (container, key))
+        return out
+
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
         """``(place, tensor)`` of every tensor found (a parameter also under its optimizer)."""
         return list(zip(self._t[3], self._tensors))

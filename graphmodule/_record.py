@@ -190,7 +190,7 @@ def record(
                 "hold it in a tensor the function updates in place.",
             )
         written = inputs.written(versions, snapshot)
-        builder = PlanBuilder(inputs, materialized, before.externals, before.known)
+        builder = PlanBuilder(inputs, materialized, before.externals, before.known, before.places())
         try:
             effects = Effects(written, containers.changes(), materialized, builder)
             out_recipe = builder.plan(out)
