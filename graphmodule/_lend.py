@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Lender", "available"]
+__all__ = ["DroppingLender", "Lender", "available"]
 
 Tensor = torch.Tensor
 
@@ -139,13 +139,19 @@ class Lender:
         # the common case (one storage), read without a call per group
         self._one = self.groups[0] if len(self.groups) == 1 else None
         self._first = self.groups[0].templates[0][1] if self.groups else None
+        # several storages (a train step's gradients): read in two C-level passes
+        self._cdatas, self._bases = [g.cdata for g in self.groups], [g.base for g in self.groups]
+        self._lents = [g.lent for g in self.groups]
+        for g in self.groups:  # (measured again: the list above holds each once more)
+            g.refs = getrefcount(g.lent)
+        self._refs = list(map(getrefcount, self._lents))
 
     def busy(self) -> bool:
         """Whether a caller still holds a result lent by the last replay."""
         one = self._one
         if one is not None:
             return one.held()
-        return any(g.held() for g in self.groups)
+        return list(map(_use_count, self._cdatas)) != self._bases or list(map(getrefcount, self._lents)) != self._refs
 
     def single(self) -> Tensor:
         """The lent result of a graph with one output (as :meth:`values` gives it where it
@@ -163,3 +169,22 @@ class Lender:
         for j, t in self.inert:
             out[j] = t.clone()
         return out
+
+
+class DroppingLender(Lender):
+    """The lender of a train step that drops the ``.grad`` bound at the call before reading it
+    (``zero_grad()`` first) and binds a new one, which its graph's buffers hold (``_rebind``).
+    The last call bound ``.grad`` to a lent result: the step would drop it, so before asking
+    whether a caller holds a result, ``.grad`` is bound to a placeholder that holds nothing
+    (a gradient you kept elsewhere still counts as held)."""
+
+    def __init__(self, graph: list[Tensor], drops: list[tuple[Tensor, Tensor]]) -> None:
+        super().__init__(graph)
+        self.tensors = [t for t, _ in drops]
+        self.placeholders = [p for _, p in drops]
+
+    def busy(self) -> bool:
+        for t, placeholder in zip(self.tensors, self.placeholders):
+            t.grad = placeholder
+        return super().busy()
+

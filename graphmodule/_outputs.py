@@ -19,7 +19,7 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_ten
 from torch import nn
 
 from ._inputs import Materialized, Span, StaticInputs, storage_base
-from ._lend import Lender
+from ._lend import DroppingLender, Lender
 from ._lend import available as lendable
 from ._recipes import (
     Const,
@@ -69,6 +69,10 @@ class PlanBuilder:
         self.materialized = materialized
         self.externals = externals
         self.known = known  # ids of objects that existed before the call (returned as themselves)
+        # tensors that stood for others during the capture (``_rebind``'s probes): planned as
+        # those; ``met`` collects the ids of the ones found in what the function produced
+        self.aliases: dict[int, Tensor] = {}
+        self.met: set[int] = set()
         self._memo: dict[int, Any] = {}
         self._keep: list[Any] = []
         # storage -> the externals over it, and where each is read from (views of them are
@@ -127,6 +131,9 @@ class PlanBuilder:
         return Const(value)
 
     def _tensor(self, t: Tensor) -> Any:
+        if self.aliases and id(t) in self.aliases:
+            self.met.add(id(t))
+            t = self.aliases[id(t)]
         index = self.input_index.get(id(t))
         if index is not None:
             return Input(index)
@@ -223,11 +230,15 @@ class Plan:
     ``lender`` (``outputs="safe"``), the buffers lent out (see ``_lend``).
     """
 
-    def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False):
+    def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False,
+                 drops: list[tuple[Tensor, Tensor]] | None = None):
         self.graph = graph
         # outputs="safe": the graph's buffers are lent out, and never replayed over while
-        # a caller holds them (see _lend)
-        self.lender = Lender(graph) if lend and graph and lendable() else None
+        # a caller holds them (see _lend); ``drops``: the .grad a train step drops at its start
+        # (released before asking whether a caller holds a result, see _rebind)
+        self.lender = None
+        if lend and graph and lendable():
+            self.lender = DroppingLender(graph, drops) if drops else Lender(graph)
         # outputs sharing memory (or overlapping themselves, as expanded tensors do) are
         # copied as one block of bytes, rebuilt with their strides
         groups: dict[int, list[int]] = {}
