@@ -46,8 +46,8 @@ def _step(net, opt, zero_inside, set_to_none=True):
 
 
 def _batch(i, n=5):
-    gen = torch.Generator().manual_seed(i)
-    x, y = torch.randn(n, 4, generator=gen), torch.randn(n, 1, generator=gen)
+    gen = torch.Generator().manual_seed(i)  # (on the CPU, whatever the default device)
+    x, y = torch.randn(n, 4, generator=gen, device="cpu"), torch.randn(n, 1, generator=gen, device="cpu")
     device = torch.get_default_device()
     return x.to(device), y.to(device)
 
