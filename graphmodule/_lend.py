@@ -12,10 +12,11 @@ storage), and just before the next replay looks at its use count
   alone, so that count never changes under us): replay; nothing is copied;
 - a caller still holds a result, a view of one, a container with one, or its storage
   (``out.untyped_storage()`` is graphmodule's lent storage object itself: its Python
-  references are counted too): this graph must not run. The commonest holder is the caller's own variable (in ``for ...: out = g(x)``,
-  ``out`` holds the last result while the next call runs), so the first time, the entry
-  captures the same call a second time with buffers of its own (a *twin*); from then on
-  the two alternate, each replayed while the other's results are held. A caller that
+  references are counted too): this graph must not run. The commonest holder is the
+  caller's own variable (in ``for ...: out = g(x)``, ``out`` holds the last result while
+  the next call runs), so the first time, the entry captures the same call a second time
+  with buffers of its own (a *twin*); from then on the two alternate, each replayed while
+  the other's results are held. A caller that
   holds one result more (the last round's, kept past a loop) gets a third set;
 - the results of all ``OUTPUT_SETS`` sets are held (a list of losses, a rollout of
   actions kept whole): the call is captured once more, returning copies from then on
@@ -187,4 +188,3 @@ class DroppingLender(Lender):
         for t, placeholder in zip(self.tensors, self.placeholders):
             t.grad = placeholder
         return super().busy()
-

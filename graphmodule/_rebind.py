@@ -23,7 +23,10 @@ capture did with the tensor bound at the call (:class:`GradUse`):
   after: bound after each replay. Whether it was read is told by the parameter itself: an
   optimizer step updates it in place, so a step that updated it before its backward first gave
   it a new gradient (``opt.step()`` before ``zero_grad()``) read the old gradient, which a
-  replay would find stale: refused.
+  replay would find stale: refused. Before a lender asks whether a result is held, such a
+  ``.grad`` is bound to a one-element placeholder (``_lend.DroppingLender``): the last call's
+  binding is the step's to drop, not a result you hold. (A gradient set by Python rather than
+  accumulated by the backward, FSDP2's sharded ones, is taken to be dropped unread.)
 
 Attributes: every entry of the ``__dict__`` of the modules and objects the function reads, and
 of the modules' ``_buffers``. One rebound to a tensor, an object or ``None`` is bound after
@@ -33,6 +36,9 @@ rebinds it (``self.mean = 0.9 * self.mean + 0.1 * x``), which a replay would not
 the capture each such tensor is replaced by a *probe* (a subclass noting every torch function
 it meets) and restored after; a rebound one that was used is refused. Code compiled by
 ``torch.compile`` would recompile for a probe: there, rebinding a tensor is refused.
+
+A simulated replay re-runs the function; :meth:`Bindings.strict` then puts ``.grad`` and the
+attributes back as a real replay leaves them, so that CPU tests see what real graphs do.
 """
 
 from __future__ import annotations

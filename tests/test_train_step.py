@@ -240,3 +240,15 @@ def test_an_optimizer_step_whose_backward_runs_outside(graph_backend):
         g()
         eager()
         _same_state(net, twin)
+
+
+def test_gradients_bound_by_the_last_call_do_not_hold_its_output_set(graph_backend):
+    # the step drops them (zero_grad() inside): a loop that keeps nothing needs one output set
+    (net, opt), _ = _models()
+    g = CudaGraphModule(_step(net, opt, zero_inside=True), warmup=1, backend=graph_backend)
+    for i in range(6):
+        g(*_batch(i))
+    assert (g.stats.twin_captures, g.stats.copy_recaptures) == (0, 0)
+    kept = net[0].weight.grad  # a gradient kept past the next call: that call gets another set
+    g(*_batch(6))
+    assert g.stats.twin_captures == 1 and net[0].weight.grad is not kept
