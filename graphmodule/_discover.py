@@ -152,9 +152,20 @@ class Discovery:
         functions: ``(function, name)`` of the user functions found.
         modules: ``(module, place)`` of the modules found.
         known: the ids of every object found.
+        dicts: ``(dict, place)`` of the modules' ``__dict__`` and ``_buffers`` and the plain
+            objects' ``__dict__`` found: attributes a function may rebind (``_rebind``).
+        optimizers: the optimizers found.
+        compiled: whether ``torch.compile``'d code was found.
+
+    ``skip``: places ``(id(container), key)`` not to watch (what the function rebinds at
+    every call: ``_rebind`` binds them after each replay).
     """
 
-    def __init__(self, fn: Any):
+    def __init__(self, fn: Any, skip: frozenset = frozenset()):
+        self._skip = skip
+        self.dicts: list[tuple[dict, str]] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.compiled = False
         self.externals: dict[int, torch.Tensor] = {}
         self._t: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, ptrs, labels
         self._o: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, objects, labels
@@ -171,6 +182,8 @@ class Discovery:
     def _bind(self, container: Any, key: Any, value: Any, label: str, depth: int, scalars: bool = True) -> None:
         """Watch ``container[key]`` (now ``value``), then what ``value`` leads to (``scalars``:
         with the Python scalars of the lists and dicts found there)."""
+        if self._skip and (id(container), key) in self._skip:
+            return
         if isinstance(value, torch.Tensor):
             self.externals[id(value)] = value
             for lst, item in zip(self._t, (container, key, _data_ptr(value), label)):
@@ -220,19 +233,24 @@ class Discovery:
             # counters, index), which its calls elsewhere change
             self._visit(obj.module, f"{label}.module", depth)
         elif hasattr(obj, "__dict__") and not callable(getattr(obj, "__get__", None)):
-            inner = getattr(obj, "_torchdynamo_orig_callable", None) or getattr(obj, "__wrapped__", None)
+            compiled = getattr(obj, "_torchdynamo_orig_callable", None)
+            self.compiled = self.compiled or compiled is not None
+            inner = compiled or getattr(obj, "__wrapped__", None)
             if inner is not None:
                 self._visit(inner, label, depth)
             # Python scalars of arbitrary objects are not watched: counters on an object the
             # function merely mentions would make every call stale.
             attrs = vars(obj)
             self._instance_dicts.add(id(attrs))
+            self.dicts.append((attrs, label))
             for name, value in list(attrs.items()):
                 if not name.startswith("__") and isinstance(value, _WORTH):
                     self._bind(attrs, name, value, f"{label}.{name}", depth, scalars=False)
 
     def _function(self, fn: types.FunctionType, depth: int) -> None:
-        wrapped = getattr(fn, "__wrapped__", None) or getattr(fn, "_torchdynamo_orig_callable", None)
+        compiled = getattr(fn, "_torchdynamo_orig_callable", None)
+        self.compiled = self.compiled or compiled is not None
+        wrapped = getattr(fn, "__wrapped__", None) or compiled
         if _internal(fn):  # torch's own wrappers (torch.compile's): only what they wrap is user code
             if wrapped is not None:
                 self._visit(wrapped, getattr(wrapped, "__qualname__", "the wrapped function"), depth)
@@ -262,6 +280,8 @@ class Discovery:
             if id(m) in self._seen and m is not module:
                 continue
             self.modules.append((m, where))
+            self.dicts += [(m.__dict__, where), (m.__dict__["_buffers"], where)]
+            self.compiled = self.compiled or "_orig_mod" in m.__dict__["_modules"]  # (an OptimizedModule)
             for kind in ("_parameters", "_buffers"):
                 for name, t in m.__dict__[kind].items():
                     if t is not None:
@@ -282,6 +302,7 @@ class Discovery:
             self._seen.add(id(m))
 
     def _optimizer(self, opt: torch.optim.Optimizer, label: str, depth: int) -> None:
+        self.optimizers.append(opt)
         label = f"{label} ({type(opt).__name__})"
         attrs = opt.__dict__
         self._instance_dicts.add(id(attrs))
@@ -315,6 +336,20 @@ class Discovery:
         for name, value in td._tensordict.items():
             if isinstance(value, (torch.Tensor, TensorDictBase)):
                 self._bind(td._tensordict, name, value, f"{label}[{name!r}]", depth)
+
+    def labels(self) -> dict[int, str]:
+        """``id(t) -> place``: how each tensor found is named in messages (its first place)."""
+        out: dict[int, str] = {}
+        for t, label in zip(self._tensors, self._t[3]):
+            out.setdefault(id(t), label)
+        return out
+
+    def places(self) -> dict[int, tuple[Any, Any]]:
+        """``id(t) -> (container, key)``: where each tensor found is read from (the first place)."""
+        out: dict[int, tuple[Any, Any]] = {}
+        for container, key, t in zip(self._t[0], self._t[1], self._tensors):
+            out.setdefault(id(t), (container, key))
+        return out
 
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
         """``(place, tensor)`` of every tensor found (a parameter also under its optimizer)."""

@@ -8,7 +8,9 @@ and then repeated on every call's objects:
   through ``.data`` moves no counter); their buffers are copied back;
 - containers changed: a dict or list gained, lost or rebound entries, a TensorDict
   gained or lost keys or changed its batch size or names. Their final content is
-  turned into recipes (see ``_outputs``) and applied to the caller's containers.
+  turned into recipes (see ``_outputs``) and applied to the caller's containers;
+- objects outside the call rebound (``_rebind``): a tensor's ``.grad``, a module's or
+  object's attribute: bound again after each replay, to this call's values.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._inputs import SLOT, SLOT_OBJ, Materialized, Ref, StaticInputs, resolve
+from ._inputs import SLOT, SLOT_OBJ, Materialized, Outside, Ref, StaticInputs, resolve
 from ._outputs import PlanBuilder
 from ._recipes import build, collect
 
-__all__ = ["ContainerSnapshot", "DictOp", "Effects", "ListOp", "OpKind", "Requirement", "TensorDictOp",
-           "collect_call"]
+__all__ = ["AttrOp", "ContainerSnapshot", "DictOp", "Effects", "GradOp", "ListOp", "OpKind", "Requirement",
+           "TensorDictOp", "collect_call"]
 
 
 class OpKind(enum.Enum):
@@ -34,9 +36,12 @@ class OpKind(enum.Enum):
     TD = "a TensorDict: entries written, deleted or moved, batch size, names"
     DICT = "a dict: its final items"
     LIST = "a list: its final items"
+    GRAD = "a tensor outside the call: its .grad rebound"
+    ATTR = "a dict outside the call (a module's __dict__ or _buffers, an object's): an entry rebound"
 
 
 TD, DICT, LIST = OpKind.TD, OpKind.DICT, OpKind.LIST  # (read without the class: faster)
+GRAD, ATTR = OpKind.GRAD, OpKind.ATTR
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # (read at every call: as fast as a tuple)
@@ -69,6 +74,30 @@ class ListOp:
     target: Ref
     items: list  # recipes
     kind: ClassVar[OpKind] = LIST
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GradOp:
+    """The function rebound the ``.grad`` of tensors (``zero_grad()``, then its backward): to
+    tensors of the graph's, lent or copied per call as results are, or to ``None``. One op
+    for all of them (a loop, not an op per parameter)."""
+
+    target: Outside  # the tensors (a tuple)
+    values: list  # a recipe per tensor
+    labels: list  # a place per tensor, for messages
+    kind: ClassVar[OpKind] = GRAD
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AttrOp:
+    """The function rebound an attribute (``self.last_loss = loss.detach()``): the entry
+    ``name`` of an object's ``__dict__`` or a module's ``_buffers``."""
+
+    target: Outside  # the dict
+    name: str
+    value: Any  # recipe
+    label: str
+    kind: ClassVar[OpKind] = ATTR
 
 
 class Requirement(NamedTuple):
@@ -180,6 +209,11 @@ class Effects:
                         for position, paths in materialized.nested.items()} if heads else {}
         self.any = bool(self.written or self.ops)
 
+    def rebind(self, ops: list[GradOp | AttrOp]) -> None:
+        """Add the rebinding of objects outside the call (after the containers' ops)."""
+        self.ops += ops
+        self.any = bool(self.written or self.ops)
+
     def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list,
               memo: dict | None = None) -> None:
         if self.written:
@@ -218,6 +252,11 @@ class Effects:
                         target.set(name, value)
                 if names is not _ABSENT:
                     target.names = list(names) if names is not None else None
+            elif kind is GRAD:
+                for t, recipe in zip(target, op.values):
+                    t.grad = build(recipe, values, leaves, objs, tree, memo)
+            elif kind is ATTR:
+                target[op.name] = build(op.value, values, leaves, objs, tree, memo)
             elif kind is DICT:
                 items = [build(r, values, leaves, objs, tree, memo) for r in op.values]
                 target.clear()
@@ -247,13 +286,20 @@ def _appended(before: list, after: list) -> list:
 
 def collect_call(out_recipe: Any, ops: list, out: Any, targets: list, found: dict[int, Any]) -> None:
     """The fresh tensors at the graph-output places of a run of the function: in what it
-    returned (``out``) and in the containers its effects (``ops``) write (``targets``, as
-    handed to it). For simulated replays, and a twin's copies (``_twin``)."""
+    returned (``out``), in the containers its effects (``ops``) write (``targets``, as
+    handed to it), and what it bound outside the call (``targets``: the tensors whose
+    ``.grad``, the dict whose entry, it rebinds). For simulated replays, and a twin's
+    copies (``_twin``)."""
     collect(out_recipe, out, found)
     for op, target in zip(ops, targets):
         if op.kind is TD:
             for name, recipe in op.writes:
                 collect(recipe, target.get(name), found)
+        elif op.kind is GRAD:
+            for t, recipe in zip(target, op.values):
+                collect(recipe, t.grad, found)
+        elif op.kind is ATTR:
+            collect(op.value, target[op.name], found)
         elif op.kind is DICT:
             for key, recipe in zip(op.keys, op.values):
                 collect(recipe, target[key], found)

@@ -336,7 +336,7 @@ class Entry:
             # watch holds (``group["lr"] = 0.5 * lr`` inside the function): look again where
             # its check fails (a watch kept, as on CUDA, keeps its dict watchers' state).
             if not self.watch.check():
-                self.watch = Watch(module, self.watch.backward_hooks)
+                self.watch = self.watch.renew()
             with torch.no_grad():
                 for j, fresh in found.items():
                     static = graph[j]

@@ -275,6 +275,15 @@ def _untrack(inputs: StaticInputs, tracked: list[int]) -> None:
         inputs.leaves[i].requires_grad_(False)
 
 
+_DONATED = (
+    "a torch.compile'd module in it frees the activations its backward saved (AOTAutograd's donated "
+    "buffers), and a layer's backward graph is captured from a backward that keeps them (retain_graph=True)."
+)
+_DONATED_ADVICE = (
+    "set torch._functorch.config.donated_buffer = False before the compiled module first runs (its "
+    "backward then keeps its buffers), or wrap the compiled module's whole train step instead of the module."
+)
+
 _HOOK_ADVICE = (
     "register the hook on a module outside the wrapped block, or hook the parameters' gradients "
     "(p.register_hook), which run eagerly at every backward."
@@ -313,7 +322,12 @@ class Layer:
         frontier = self._frontier()
         # the backward once eagerly first, on the forward's activations (no second forward):
         # libraries it uses initialise themselves outside the capture
-        runner.run_eager(lambda: self._grad(outs, frontier))
+        try:
+            runner.run_eager(lambda: self._grad(outs, frontier))
+        except RuntimeError as err:
+            if "donated buffer" not in str(err):
+                raise
+            raise UnsupportedError(owner, _DONATED, _DONATED_ADVICE) from None
         # (in the shared pool: only the forward's activations must outlive a replay, until this
         # backward; the gradients it returns are consumed within the backward pass)
         captured = runner.capture(lambda: self._grad(outs, frontier), owner)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from operator import is_
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
@@ -25,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 from ._errors import Mismatch
 from ._tree import Layout, _is_node, build_td, nested_entries, node_td, slot_ranges, unflatten
 
-__all__ = ["Materialized", "Ref", "RefKind", "StaticInputs", "inference_inputs", "resolve", "storage_base"]
+__all__ = ["Materialized", "Outside", "Ref", "RefKind", "StaticInputs", "inference_inputs", "resolve", "storage_base"]
 
 Tensor = torch.Tensor
 _CONTAINERS = (dict, list, tuple)
@@ -244,6 +244,15 @@ class StaticInputs:
                 out.append(None)
         return out
 
+    def layouts(self) -> list[tuple]:
+        """Each buffer's shape, strides and offset, to find metadata changed in place."""
+        return [(tuple(t.shape), t.stride(), t.storage_offset()) for t in self.buffers]
+
+    def relaid(self, before: list[tuple]) -> list[tuple[int, tuple, tuple]]:
+        """``(leaf index, before, after)`` of each buffer whose shape, strides or offset the
+        function changed in place (``x.t_()``, ``x.unsqueeze_(0)``, ``x.resize_(2)``)."""
+        return [(i, was, now) for i, was, now in zip(self.tensor_index, before, self.layouts()) if was != now]
+
     def snapshot(self) -> list[Tensor]:
         """Copies of the buffers' bytes, to find writes no version counter saw (``.data``)."""
         with torch.no_grad():
@@ -284,9 +293,11 @@ class RefKind(enum.Enum):
     SLOT = "a TensorDict at a nested key (() for its root) of the TensorDict argument at a slot"
     SLOT_OBJ = "the TensorDict or tensorclass argument at a slot itself"
     SLOT_TC = "a tensorclass at a nested key of the TensorDict argument at a slot"
+    OUTSIDE = "an object outside the call: a tensor whose .grad, or a dict whose entry, the function rebinds"
 
 
 TREE, SLOT, SLOT_OBJ, SLOT_TC = RefKind.TREE, RefKind.SLOT, RefKind.SLOT_OBJ, RefKind.SLOT_TC  # (read without the class: faster)
+OUTSIDE = RefKind.OUTSIDE
 
 
 @dataclass(frozen=True, slots=True)  # (read at every call: as fast as a tuple)
@@ -312,6 +323,14 @@ class Ref:
     @classmethod
     def slot_obj(cls, position: int) -> "Ref":
         return cls(SLOT_OBJ, position, ())
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Outside:
+    """An object outside the call that its effects change (``_rebind``): the same at every call."""
+
+    obj: Any
+    kind: ClassVar[RefKind] = OUTSIDE
 
 
 class Materialized:
@@ -425,6 +444,8 @@ def resolve(ref: Ref, tree: Any, slot_objs: dict[int, Any]) -> Any:
         for part in ref.path:
             node = node[part]
         return node
+    if kind is OUTSIDE:
+        return ref.obj
     obj = slot_objs[ref.position]
     if kind is SLOT_OBJ:
         return obj

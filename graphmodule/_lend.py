@@ -10,11 +10,13 @@ storage), and just before the next replay looks at its use count
 
 - nobody holds it (the count is what graphmodule itself holds; the lent storage is ours
   alone, so that count never changes under us): replay; nothing is copied;
-- a caller still holds a result, a view of one or a container with one: this graph must
-  not run. The commonest holder is the caller's own variable (in ``for ...: out = g(x)``,
-  ``out`` holds the last result while the next call runs), so the first time, the entry
-  captures the same call a second time with buffers of its own (a *twin*); from then on
-  the two alternate, each replayed while the other's results are held. A caller that
+- a caller still holds a result, a view of one, a container with one, or its storage
+  (``out.untyped_storage()`` is graphmodule's lent storage object itself: its Python
+  references are counted too): this graph must not run. The commonest holder is the
+  caller's own variable (in ``for ...: out = g(x)``, ``out`` holds the last result while
+  the next call runs), so the first time, the entry captures the same call a second time
+  with buffers of its own (a *twin*); from then on the two alternate, each replayed while
+  the other's results are held. A caller that
   holds one result more (the last round's, kept past a loop) gets a third set;
 - the results of all ``OUTPUT_SETS`` sets are held (a list of losses, a rollout of
   actions kept whole): the call is captured once more, returning copies from then on
@@ -50,11 +52,12 @@ read the graph's memory, which the next call overwrites. Use ``outputs="clone"``
 from __future__ import annotations
 
 import ctypes
+from sys import getrefcount
 from typing import Any
 
 import torch
 
-__all__ = ["Lender", "available"]
+__all__ = ["DroppingLender", "Lender", "available"]
 
 Tensor = torch.Tensor
 
@@ -92,7 +95,7 @@ def _lent_storage(owner: torch.UntypedStorage) -> torch.UntypedStorage:
 class _Group:
     """The graph outputs over one storage, and the lent storage they are handed out on."""
 
-    __slots__ = ("templates", "cdata", "base", "lent")
+    __slots__ = ("templates", "cdata", "base", "lent", "refs")
 
     def __init__(self, members: list[tuple[int, Tensor]]) -> None:
         owner = members[0][1].untyped_storage()
@@ -100,10 +103,13 @@ class _Group:
         self.templates = [(j, _on(self.lent, t)) for j, t in members]
         self.cdata = self.lent._cdata
         self.base = _use_count(self.cdata)  # what graphmodule itself holds
+        # ``out.untyped_storage()`` is this very Python object (torch keeps one per storage):
+        # a caller holding it alone adds a Python reference, not a use of the storage
+        self.refs = getrefcount(self.lent)
 
     def held(self) -> bool:
-        """Whether a caller holds a tensor over the lent storage."""
-        return _use_count(self.cdata) != self.base
+        """Whether a caller holds a tensor over the lent storage, or the storage itself."""
+        return _use_count(self.cdata) != self.base or getrefcount(self.lent) != self.refs
 
 
 def _on(storage: torch.UntypedStorage, t: Tensor) -> Tensor:
@@ -134,13 +140,19 @@ class Lender:
         # the common case (one storage), read without a call per group
         self._one = self.groups[0] if len(self.groups) == 1 else None
         self._first = self.groups[0].templates[0][1] if self.groups else None
+        # several storages (a train step's gradients): read in two C-level passes
+        self._cdatas, self._bases = [g.cdata for g in self.groups], [g.base for g in self.groups]
+        self._lents = [g.lent for g in self.groups]
+        for g in self.groups:  # (measured again: the list above holds each once more)
+            g.refs = getrefcount(g.lent)
+        self._refs = list(map(getrefcount, self._lents))
 
     def busy(self) -> bool:
         """Whether a caller still holds a result lent by the last replay."""
         one = self._one
         if one is not None:
             return one.held()
-        return any(g.held() for g in self.groups)
+        return list(map(_use_count, self._cdatas)) != self._bases or list(map(getrefcount, self._lents)) != self._refs
 
     def single(self) -> Tensor:
         """The lent result of a graph with one output (as :meth:`values` gives it where it
@@ -158,3 +170,21 @@ class Lender:
         for j, t in self.inert:
             out[j] = t.clone()
         return out
+
+
+class DroppingLender(Lender):
+    """The lender of a train step that drops the ``.grad`` bound at the call before reading it
+    (``zero_grad()`` first) and binds a new one, which its graph's buffers hold (``_rebind``).
+    The last call bound ``.grad`` to a lent result: the step would drop it, so before asking
+    whether a caller holds a result, ``.grad`` is bound to a placeholder that holds nothing
+    (a gradient you kept elsewhere still counts as held)."""
+
+    def __init__(self, graph: list[Tensor], drops: list[tuple[Tensor, Tensor]]) -> None:
+        super().__init__(graph)
+        self.tensors = [t for t, _ in drops]
+        self.placeholders = [p for _, p in drops]
+
+    def busy(self) -> bool:
+        for t, placeholder in zip(self.tensors, self.placeholders):
+            t.grad = placeholder
+        return super().busy()

@@ -19,11 +19,13 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_ten
 from torch import nn
 
 from ._inputs import Materialized, Span, StaticInputs, storage_base
-from ._lend import Lender
+from ._lend import DroppingLender, Lender
 from ._lend import available as lendable
 from ._recipes import (
     Const,
     DictOf,
+    Dressed,
+    ExternalView,
     Graph,
     Input,
     LazyStackOf,
@@ -34,12 +36,15 @@ from ._recipes import (
     TensorClassOf,
     TensorDictOf,
     TupleOf,
+    Unflatten,
     View,
 )
 
 __all__ = ["PlanBuilder", "Plan", "dense"]
 
 Tensor = torch.Tensor
+
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # torch.Tensor's: no __torch_dispatch__ of its own
 
 _SKIP_OBJECTS = (nn.Module, torch.optim.Optimizer, types.FunctionType, types.MethodType, type, types.ModuleType)
 
@@ -59,14 +64,24 @@ class PlanBuilder:
     """
 
     def __init__(self, inputs: StaticInputs, materialized: Materialized, externals: dict[int, Tensor],
-                 known: set[int] = frozenset()):
+                 known: set[int] = frozenset(), places: dict[int, tuple] | None = None):
         self.inputs = inputs
         self.materialized = materialized
         self.externals = externals
         self.known = known  # ids of objects that existed before the call (returned as themselves)
+        # tensors that stood for others during the capture (``_rebind``'s probes): planned as
+        # those; ``met`` collects the ids of the ones found in what the function produced
+        self.aliases: dict[int, Tensor] = {}
+        self.met: set[int] = set()
         self._memo: dict[int, Any] = {}
         self._keep: list[Any] = []
-        self.external_bases = {storage_base(t) for t in externals.values() if t.numel()}
+        # storage -> the externals over it, and where each is read from (views of them are
+        # made anew at each call, on the tensor found there)
+        places = places or {}
+        self.external_bases: dict[int, list[tuple[Tensor, tuple]]] = {}
+        for t in externals.values():
+            if t.numel() and id(t) in places:
+                self.external_bases.setdefault(storage_base(t), []).append((t, places[id(t)]))
         self.input_index: dict[int, int] = {}
         self.input_bases: dict[int, int] = {}
         for i in inputs.tensor_index:
@@ -116,11 +131,16 @@ class PlanBuilder:
         return Const(value)
 
     def _tensor(self, t: Tensor) -> Any:
+        if self.aliases and id(t) in self.aliases:
+            self.met.add(id(t))
+            t = self.aliases[id(t)]
         index = self.input_index.get(id(t))
         if index is not None:
             return Input(index)
         if id(t) in self.externals:
             return Const(t)
+        if type(t) is not Tensor or t.is_conj() or t.is_neg():
+            return self._dressed(t)
         base = storage_base(t) if t.numel() else None
         if base is not None and base in self.input_bases:
             i = self.input_bases[base]
@@ -132,7 +152,7 @@ class PlanBuilder:
             self.stride_checked.add(i)
             return View(i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - buffer.storage_offset())
         if base is not None and base in self.external_bases:
-            return Const(t)  # a view of a parameter: the live view
+            return self._external_view(t, self.external_bases[base])
         j = self._graph_index.get(id(t))
         if j is None:
             j = self._graph_index[id(t)] = len(self.graph)
@@ -140,6 +160,38 @@ class PlanBuilder:
             self.graph_requires_grad.append(t.requires_grad)
             self.sources.append(t)
         return Graph(j)
+
+    def _external_view(self, t: Tensor, over: list[tuple[Tensor, tuple]]) -> ExternalView:
+        """A view of a parameter, buffer or other tensor read from outside the inputs: made
+        anew at each call, on the tensor read then (eagerly, ``p.t()`` is a new view each call)."""
+        same = [(e, place) for e, place in over if e.dtype == t.dtype]
+        external, (container, key) = (same or over)[0]
+        # another dtype (torch.view_as_real of a complex parameter): viewed as that dtype first
+        dtype = None if external.dtype == t.dtype else t.dtype
+        return ExternalView(container, key, dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+    def _dressed(self, t: Tensor) -> Any:
+        """A tensor the graph's plain buffers cannot be: with a lazy conjugate or negative bit, of
+        a subclass, an ``nn.Parameter``. Its plain memory is planned as any tensor's; each call
+        rebuilds the rest around it."""
+        cls = type(t)
+        if cls.__torch_dispatch__ is not _NO_DISPATCH:
+            if not hasattr(cls, "__tensor_flatten__"):
+                raise Unsupported(f"the function returned a {cls.__name__}, a tensor subclass with its own "
+                                  "__torch_dispatch__ and no __tensor_flatten__, which graphmodule cannot rebuild")
+            names, context = t.__tensor_flatten__()
+            return Unflatten(cls, list(names), [self.plan(getattr(t, name)) for name in names], context,
+                             tuple(t.shape), tuple(t.stride()))
+        # a new Parameter is a leaf made at each call; a subclass keeps its autograd history
+        plain = t.detach() if isinstance(t, nn.Parameter) else t.as_subclass(Tensor) if cls is not Tensor else t
+        conj, neg = plain.is_conj(), plain.is_neg()
+        if conj:
+            plain = plain.conj()  # the memory as it is, without the bit
+        if neg:
+            plain = torch._neg_view(plain)
+        self._keep.append(plain)  # (its id is a key of the memo tables while planning)
+        recipe_cls = None if cls is Tensor else nn.Parameter if cls is nn.Parameter else cls
+        return Dressed(self._tensor(plain), conj, neg, recipe_cls, t.requires_grad)
 
     def _td(self, td: TensorDictBase, depth: int) -> Any:
         ref = self.materialized.refs.get(id(td))
@@ -178,11 +230,15 @@ class Plan:
     ``lender`` (``outputs="safe"``), the buffers lent out (see ``_lend``).
     """
 
-    def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False):
+    def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False,
+                 drops: list[tuple[Tensor, Tensor]] | None = None):
         self.graph = graph
         # outputs="safe": the graph's buffers are lent out, and never replayed over while
-        # a caller holds them (see _lend)
-        self.lender = Lender(graph) if lend and graph and lendable() else None
+        # a caller holds them (see _lend); ``drops``: the .grad a train step drops at its start
+        # (released before asking whether a caller holds a result, see _rebind)
+        self.lender = None
+        if lend and graph and lendable():
+            self.lender = DroppingLender(graph, drops) if drops else Lender(graph)
         # outputs sharing memory (or overlapping themselves, as expanded tensors do) are
         # copied as one block of bytes, rebuilt with their strides
         groups: dict[int, list[int]] = {}

@@ -10,7 +10,10 @@ the records below that says, for each part, where a later call takes it from:
   caller's tensor so writes through it reach the caller), or a container or TensorDict the
   caller passed (:class:`Passed`): the caller's own object;
 - a value the function read from outside its inputs, such as a parameter (:class:`Const`):
-  that same value;
+  that same value; a view of one (:class:`ExternalView`): a new view at each call, as eagerly;
+- a tensor with what the graph's plain buffers lose (:class:`Dressed`): a lazy conjugate or
+  negative bit, a tensor subclass, ``nn.Parameter``; a wrapper subclass that flattens into
+  plain tensors (``DTensor``, :class:`Unflatten`): rebuilt around them;
 - containers, TensorDicts, tensorclasses, dataclasses and other objects holding such parts:
   rebuilt around them (:class:`TupleOf` ... :class:`LazyStackOf`).
 
@@ -28,11 +31,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from tensordict import LazyStackedTensorDict, TensorDict
+from torch import nn
 
 from ._inputs import Ref, resolve
 
-__all__ = ["Kind", "build", "collect", "passed_recipes"]
+__all__ = ["Kind", "build", "collect", "dress", "passed_recipes", "undress"]
 
 
 class Kind(enum.Enum):
@@ -51,12 +56,16 @@ class Kind(enum.Enum):
     TC = "a tensorclass the function made"
     OBJECT = "an object the function made (copied per call)"
     LAZY = "a lazily stacked TensorDict"
+    EXTERNAL_VIEW = "a view of a tensor read from outside the inputs (a parameter, a buffer)"
+    DRESSED = "a tensor with a lazy conjugate or negative bit, of a subclass, or an nn.Parameter"
+    UNFLATTEN = "a wrapper tensor subclass rebuilt from its plain tensors (__tensor_unflatten__)"
 
 
 # (module-level names: reading an enum member through its class costs ~100 ns a call)
 CONST, GRAPH, INPUT, VIEW, PASSED = Kind.CONST, Kind.GRAPH, Kind.INPUT, Kind.VIEW, Kind.PASSED
 TUPLE, LIST, DICT, NAMEDTUPLE, TD, TC, OBJECT, LAZY = (
     Kind.TUPLE, Kind.LIST, Kind.DICT, Kind.NAMEDTUPLE, Kind.TD, Kind.TC, Kind.OBJECT, Kind.LAZY)
+EXTERNAL_VIEW, DRESSED, UNFLATTEN = Kind.EXTERNAL_VIEW, Kind.DRESSED, Kind.UNFLATTEN
 
 
 _record = dataclass(frozen=True, slots=True, eq=False)  # (identity, not value, equality)
@@ -87,6 +96,38 @@ class View:
     stride: tuple
     offset: int  # in elements, from the leaf's own storage offset
     kind: ClassVar[Kind] = VIEW
+
+
+@_record
+class ExternalView:
+    container: Any  # where the viewed tensor is read from (a module's _parameters...)
+    key: Any
+    dtype: Any  # the view's, where it differs (torch.view_as_real of a complex parameter), else None
+    shape: tuple
+    stride: tuple
+    offset: int  # the storage offset, in elements
+    kind: ClassVar[Kind] = EXTERNAL_VIEW
+
+
+@_record
+class Dressed:
+    inner: Any  # the recipe of the plain tensor: its memory, strides, no lazy bit
+    conj: bool
+    neg: bool
+    cls: type | None  # the subclass, or nn.Parameter (None: torch.Tensor)
+    requires_grad: bool  # an nn.Parameter's
+    kind: ClassVar[Kind] = DRESSED
+
+
+@_record
+class Unflatten:
+    cls: type
+    names: list  # of the inner tensors (__tensor_flatten__)
+    parts: list  # their recipes
+    context: Any
+    shape: tuple
+    stride: tuple
+    kind: ClassVar[Kind] = UNFLATTEN
 
 
 @_record
@@ -180,7 +221,18 @@ def _make(recipe: Any, values: list, leaves: Any, objs: dict, tree: Any, memo: d
     if kind is VIEW:
         leaf = leaves[recipe.index]
         return leaf.as_strided(recipe.shape, recipe.stride, leaf.storage_offset() + recipe.offset)
+    if kind is EXTERNAL_VIEW:
+        viewed = recipe.container[recipe.key]
+        if recipe.dtype is not None:  # (view_as_real keeps the autograd history view(dtype) drops)
+            viewed = torch.view_as_real(viewed) if viewed.is_complex() and viewed.dtype.to_real() == recipe.dtype \
+                else viewed.view(recipe.dtype)
+        return viewed.as_strided(recipe.shape, recipe.stride, recipe.offset)
     parts = [build(r, values, leaves, objs, tree, memo) for r in children(recipe)]
+    if kind is DRESSED:
+        return dress(recipe, parts[0])
+    if kind is UNFLATTEN:
+        return recipe.cls.__tensor_unflatten__(dict(zip(recipe.names, parts)), recipe.context, recipe.shape,
+                                               recipe.stride)
     if kind is TUPLE:
         return tuple(parts)
     if kind is LIST:
@@ -208,11 +260,38 @@ def _make(recipe: Any, values: list, leaves: Any, objs: dict, tree: Any, memo: d
     raise AssertionError(f"unknown recipe {recipe!r}")  # pragma: no cover
 
 
+def dress(recipe: Dressed, plain: torch.Tensor) -> torch.Tensor:
+    """``plain`` with the lazy bits and the class ``recipe`` records."""
+    out = plain
+    if recipe.conj:
+        out = out.conj()
+    if recipe.neg:
+        out = torch._neg_view(out)
+    cls = recipe.cls
+    if cls is nn.Parameter:
+        return nn.Parameter(out, requires_grad=recipe.requires_grad)
+    return out if cls is None else out.as_subclass(cls)
+
+
+def undress(recipe: Dressed, value: torch.Tensor) -> torch.Tensor:
+    """The plain tensor ``value`` was made from (its bits cleared, a plain ``Tensor``)."""
+    out = value.as_subclass(torch.Tensor) if recipe.cls is not None else value
+    if recipe.conj:
+        out = out.conj()  # (conj of a conjugate view: the memory as it is, without the bit)
+    if recipe.neg:
+        out = torch._neg_view(out)
+    return out
+
+
 def children(recipe: Any) -> list:
     """The recipes directly inside ``recipe``, in the order its parts are built."""
     kind = recipe.kind
     if kind in (TUPLE, LIST, NAMEDTUPLE, LAZY):
         return recipe.items
+    if kind is DRESSED:
+        return [recipe.inner]
+    if kind is UNFLATTEN:
+        return recipe.parts
     if kind is DICT:
         return recipe.values
     if kind is TD:
@@ -253,4 +332,11 @@ def collect(recipe: Any, value: Any, out: dict[int, Any]) -> None:
     elif kind is LAZY:
         for r, v in zip(recipe.items, value.tensordicts):
             collect(r, v, out)
+    elif kind is DRESSED:
+        collect(recipe.inner, undress(recipe, value), out)
+    elif kind is UNFLATTEN:
+        names, _ = value.__tensor_flatten__()
+        inner = dict(zip(names, (getattr(value, name) for name in names)))
+        for name, r in zip(recipe.names, recipe.parts):
+            collect(r, inner[name], out)
 

@@ -6,8 +6,8 @@ The cold path a call takes once per graph:
    (missing keys, tensors on another device, sparse tensors);
 2. copy the inputs into static buffers and hand the function fresh containers over them
    (under grad mode, buffers of inputs that require grad require grad too);
-3. snapshot what the function may change (buffers' versions and bytes, containers,
-   Python state it reads, ``.grad``), capture, and compare;
+3. snapshot what the function may change (buffers' versions, bytes and layouts, containers,
+   Python state it reads, ``.grad`` and attributes: ``_rebind``), capture, and compare;
 4. turn the output and the effects into recipes; outputs that track gradients get a
    backward graph (a layer, see ``_grad``) unless the function ran backward itself.
 
@@ -29,6 +29,7 @@ from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
 from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._paths import describe, leaf_texts
+from ._rebind import Bindings
 from ._spec import InputSpec
 from ._stale import PythonEffects, Watch
 from ._tree import Layout, _is_node
@@ -106,6 +107,25 @@ def _same_returned_keys(owner: str, out: Any, eager_keys: list | None, materiali
         )
 
 
+def _same_layouts(owner: str, inputs: StaticInputs, before: list[tuple], texts: list[str]) -> None:
+    """No input changed its shape, strides or offset in place: a replay copies each call's
+    tensors into the buffers, whose metadata it cannot change on the caller's tensor."""
+    relaid = inputs.relaid(before)
+    if relaid:
+        i, was, now = relaid[0]
+        raise UnsupportedError(
+            owner,
+            f"{texts[i]} changed its shape or strides in place ({_layout(was)} → {_layout(now)}); a replay "
+            "copies each call's tensors into fixed buffers and cannot change the caller's tensor's shape.",
+            "use the out-of-place form (x = x.t(), x = x.unsqueeze(0)) and return the result.",
+        )
+
+
+def _layout(layout: tuple) -> str:
+    shape, stride, offset = layout
+    return f"shape {shape}, stride {stride}" + (f", offset {offset}" if offset else "")
+
+
 def mode_reader(watch: Watch) -> ModeReader:
     return ModeReader([m for m, _ in watch.modules], [label for _, label in watch.modules])
 
@@ -150,19 +170,24 @@ def record(
     materialized = Materialized(inputs, callers=objs)
     containers = ContainerSnapshot(materialized)
     python = PythonEffects(before.functions)
-    versions, snapshot = inputs.versions(), inputs.snapshot()
+    versions, snapshot, layouts = inputs.versions(), inputs.snapshot(), inputs.layouts()
     args, kwargs = materialized.tree
 
     body = lambda: module(*args, **kwargs)  # noqa: E731
     twin = CopyOut(like, materialized) if like is not None else None
-    if twin is None:
-        captured = runner.capture(body, owner, alone=lend or alone)
-    else:
-        captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+    bindings = Bindings(before)  # .grad and attributes, to find what the function rebinds
+    try:
+        if twin is None:
+            captured = runner.capture(body, owner, alone=lend or alone)
+        else:
+            captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+    finally:
+        bindings.close()
     handle, out = captured.handle, captured.out
     try:
+        _same_layouts(owner, inputs, layouts, texts)
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
-        changed = python.changes()
+        changed = python.changes() + bindings.python_changes()
         if changed:
             raise UnsupportedError(
                 owner,
@@ -172,10 +197,13 @@ def record(
                 "hold it in a tensor the function updates in place.",
             )
         written = inputs.written(versions, snapshot)
-        builder = PlanBuilder(inputs, materialized, before.externals, before.known)
+        builder = PlanBuilder(inputs, materialized, before.externals, before.known, before.places())
+        builder.aliases = bindings.aliases
         try:
             effects = Effects(written, containers.changes(), materialized, builder)
             out_recipe = builder.plan(out)
+            rebinds = bindings.rebinds(owner, builder)  # (after the outputs: they may hold what it rebinds)
+            effects.rebind(rebinds.ops)
         except Unsupported as exc:
             raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
                                    "TensorDicts, tensorclasses or plain objects holding them.") from None
@@ -183,7 +211,7 @@ def record(
                               sources=builder.sources, requires_grad=builder.graph_requires_grad, texts=texts,
                               clone=clone, lend=lend)
         graph = builder.graph if twin is None else twin.outputs(builder.graph)
-        plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend)
+        plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend, drops=rebinds.drops)
     except BaseException:
         runner.release(handle)
         raise
@@ -196,7 +224,7 @@ def record(
         stride_checked=builder.stride_checked,
         # after the capture: what the replays must keep reading (backward hooks where the graph
         # runs a backward itself; a layer's backward graph watches its own, see _grad)
-        watch=Watch(module, backward_hooks=grad and layer is None),
+        watch=Watch(module, backward_hooks=grad and layer is None, rebound=rebinds),
         runner=runner,
         handle=handle,
         clone=clone,
@@ -207,6 +235,9 @@ def record(
         + (twin.nbytes if twin is not None else 0),
         capture_seconds=captured.seconds + (layer.capture_seconds if layer is not None else 0.0),
     )
-    runner.bind_rerun(handle, entry.make_refresh(rerun_body(module, inputs, materialized.mirrors), module))
+    rerun = rerun_body(module, inputs, materialized.mirrors)
+    if rebinds.ops or rebinds.required:  # a simulated replay leaves them as a real one does
+        rerun = bindings.strict(rerun, effects.ops)
+    runner.bind_rerun(handle, entry.make_refresh(rerun, module))
     return entry, materialized
 

@@ -34,10 +34,19 @@ class Watch(Discovery):
     """Everything the graph reads from outside its inputs, found from ``fn`` (see
     :class:`~graphmodule._discover.Discovery`), and the per-call check that it is unchanged.
     ``backward_hooks``: watch the modules' backward hooks too (a graph that runs a backward
-    itself)."""
+    itself). ``rebound``: what the function rebinds outside the call (``_rebind``): those
+    places are not watched, and the ``.grad`` the graph accumulates into or reads must be
+    bound at every call as at capture."""
 
-    def __init__(self, fn: Any, backward_hooks: bool = False):
-        super().__init__(fn)
+    def __init__(self, fn: Any, backward_hooks: bool = False, rebound: Any = None):
+        super().__init__(fn, rebound.places if rebound is not None else frozenset())
+        self._fn, self.rebound = fn, rebound
+        # (tensor, what its .grad held at capture, place): the graph accumulates into it, or
+        # reads it (None: the step's backward binds a new one, or its optimizer skips it)
+        required = rebound.required if rebound is not None else []
+        self._grad_tensors = [t for t, _, _ in required]
+        self._grad_objects = [g for _, g, _ in required]
+        self._grad_labels = [label for _, _, label in required]
         self._flag: _dictwatch.Flag | None = None  # dict places verified since the flag went down
         # the modules' hooks (backward ones where a backward inside the graph runs them): the
         # hooks present (pure ones, see _hooks) by identity, and one place that moves when any
@@ -74,7 +83,15 @@ class Watch(Discovery):
         except (KeyError, IndexError, AttributeError, TypeError, ValueError):
             self._raise()
             return False
+        if self._grad_tensors:
+            return _same_addresses(self._tobjs, self._tptrs, self._tindex) and all(
+                map(is_, map(_grad, self._grad_tensors), self._grad_objects))
         return _same_addresses(self._tobjs, self._tptrs, self._tindex)
+
+    def renew(self) -> Watch:
+        """A new walk from the same callable, with the same options (after a re-run rebound
+        what the graph reads: simulated replays)."""
+        return Watch(self._fn, self.backward_hooks, self.rebound)
 
     def _read_all(self) -> bool:
         """Every place, read by identity; the dict watchers registered first (at the first
@@ -190,10 +207,14 @@ class Watch(Discovery):
                 what = what_changed(now, captured, *extra)
                 if what:
                     out.append((label, what))
+        for t, captured, label in zip(self._grad_tensors, self._grad_objects, self._grad_labels):
+            if t.grad is not captured:
+                out.append((f"{label}.grad", _grad_change(t.grad, captured)))
         return out + self.hooks.changes()
 
 
 _contents = attrgetter("cell_contents")
+_grad = attrgetter("grad")
 
 
 def _facts(t: torch.Tensor) -> tuple:
@@ -217,6 +238,17 @@ def _tensor_change(now: Any, ptr: int, facts: tuple) -> str | None:
         return (f"another view of the same memory (shape {list(now.shape)}, stride {now.stride()}; the graph "
                 f"reads it as shape {list(facts[1])}, stride {facts[2]})")
     return None
+
+
+def _grad_change(now: Any, captured: Any) -> str:
+    if captured is None:
+        return ("a tensor, where the capture found None (eagerly the step's backward would add into it; "
+                "the graph makes a new gradient): set it to None before each call (zero_grad())")
+    if now is None:
+        return ("None, where the capture found the tensor the graph accumulates into or reads: keep that "
+                "tensor between calls (zero_grad(set_to_none=False))")
+    return ("another tensor than the one the graph accumulates into or reads: keep that tensor between "
+            "calls (zero_grad(set_to_none=False))")
 
 
 def _object_change(now: Any, obj: Any) -> str | None:

@@ -4,7 +4,7 @@ On CPU the simulated backend reports a function that raises while it is captured
 way a CUDA capture does; the CUDA-specific recovery is in test_cuda_capture_failures.py.
 """
 
-import itertools
+import array
 
 import pytest
 import torch
@@ -13,18 +13,18 @@ from graphmodule import CaptureError, GraphStateError
 
 
 class Calls:
-    """Counts calls without Python state a capture would refuse (``itertools.count``)."""
+    """Counts calls without Python state a capture would refuse (an array written in place: a
+    Python attribute rebound by the function is refused)."""
 
     def __init__(self):
-        self._count = itertools.count()
-        self.n = 0
+        self._n = array.array("q", [0])
 
     def __call__(self) -> int:
-        self.n = next(self._count) + 1
-        return self.n
+        self._n[0] += 1
+        return self._n[0]
 
     def __len__(self) -> int:
-        return self.n
+        return self._n[0]
 
 
 def _failing(message):

@@ -251,8 +251,6 @@ def test_returned_nested_tensordict_deleted_from_its_parent_afterwards(graph_bac
         torch.testing.assert_close(out["b", "new"], a0)
 
 
-CLASS14 = "#26 class 14: a function changing an input's shape or strides in place fails at replay"
-
 METADATA = {
     "t_": (lambda x: x.t_(), (2, 3), "shape (2, 3), stride (3, 1) → shape (3, 2), stride (1, 3)"),
     "transpose_": (lambda x: x.transpose_(0, 1), (2, 3), "shape (2, 3), stride (3, 1) → shape (3, 2), stride (1, 3)"),
@@ -263,7 +261,6 @@ METADATA = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS14)
 @pytest.mark.parametrize("op", sorted(METADATA))
 def test_an_input_changed_in_shape_or_strides_in_place_is_refused_at_capture(graph_backend, op):
     change, shape, was = METADATA[op]

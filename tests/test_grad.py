@@ -723,9 +723,6 @@ class TestCuda:
             opt_e.step()
 
 
-CLASS13 = "#26 class 13: a torch.compile'd module as a layer raises torch's raw donated-buffers error"
-
-
 class TestCompiledLayer:
     """A ``torch.compile``'d module used as a graphed layer. Its backward may free the
     activations it saved (AOTAutograd's donated buffers), which a backward captured once and
@@ -740,7 +737,6 @@ class TestCompiledLayer:
         block = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
         return block, copy.deepcopy(block), torch.compile(block, backend="aot_eager")
 
-    @pytest.mark.xfail(strict=True, reason=CLASS13)
     def test_donated_buffers_are_refused_at_capture(self, graph_backend):
         block, _, compiled = self._compiled()
         g = CudaGraphModule(compiled, warmup=2, backend=graph_backend)

@@ -671,10 +671,6 @@ def test_twins_and_the_copying_capture_reuse_the_first_captures_memory(cuda):
         torch.testing.assert_close(out, _heavy(x * i))
 
 
-CLASS7 = "#26 class 7: a result's storage held alone is not seen as holding the result"
-
-
-@pytest.mark.xfail(strict=True, reason=CLASS7)
 def test_a_kept_storage_of_a_dropped_result_keeps_its_bytes(graph_backend):
     g = _captured(f, torch.zeros(4), backend=graph_backend)
     storage = g(torch.ones(4)).untyped_storage()  # the result itself is gone; its storage is not
@@ -683,7 +679,6 @@ def test_a_kept_storage_of_a_dropped_result_keeps_its_bytes(graph_backend):
     torch.testing.assert_close(kept, f(torch.ones(4)))
 
 
-@pytest.mark.xfail(strict=True, reason=CLASS7)
 def test_a_kept_storage_of_one_result_of_several(graph_backend):
     def pair(x):
         return x * 2, x + 1

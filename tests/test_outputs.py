@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from graphmodule import CudaGraphModule
+from graphmodule import CudaGraphModule, UnsupportedError
 
 
 def _replaying(make, fn, *args, **options):
@@ -126,16 +126,8 @@ def test_simulate_backend_matches_eager_over_many_calls(make):
             torch.testing.assert_close(g(x), net(x))
 
 
-CLASS6 = "#26 class 6: {}"
-
-
 class _Tagged(torch.Tensor):
     """A tensor subclass a function may return."""
-
-
-def _xfail_unless(request, served: bool, what: str) -> None:
-    if not served:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=CLASS6.format(what)))
 
 
 class TestReturnedObjectsAsEagerly:
@@ -150,7 +142,6 @@ class TestReturnedObjectsAsEagerly:
         lin.register_buffer("table", torch.arange(6.0).reshape(2, 3))
         return lin
 
-    @pytest.mark.xfail(strict=True, reason=CLASS6.format("a view of a parameter is one object for every call"))
     @pytest.mark.parametrize("outputs", ["safe", "clone", "static"])
     def test_a_view_of_a_parameter_is_a_new_object_at_each_call(self, graph_backend, outputs):
         lin = self._table()
@@ -161,8 +152,6 @@ class TestReturnedObjectsAsEagerly:
             torch.testing.assert_close(v, lin.weight.t())
             assert v.requires_grad and v.grad_fn is not None  # a view that backpropagates, as eagerly
 
-    @pytest.mark.xfail(strict=True, reason=CLASS6.format("a caller's in-place change to a returned buffer "
-                                                         "view changes what later calls return"))
     @pytest.mark.parametrize("change", ["t_", "unsqueeze_", "requires_grad_"])
     def test_changing_a_returned_view_of_a_buffer_leaves_later_results_alone(self, graph_backend, change):
         lin = self._table()
@@ -185,14 +174,10 @@ class TestReturnedObjectsAsEagerly:
         "neg_view_of_input": (lambda z: torch._neg_view(z), torch.float32),
         "neg_view_of_result": (lambda z: torch._neg_view(z * 2), torch.float32),
     }
-    # graph outputs returned as the graph's own buffers keep their bits (outputs="static")
-    LAZY_SERVED = {("conj_of_result", "static"), ("neg_view_of_result", "static")}
 
     @pytest.mark.parametrize("outputs", ["safe", "clone", "static"])
     @pytest.mark.parametrize("case", sorted(LAZY))
-    def test_results_with_lazy_conjugate_or_negative_bits(self, graph_backend, request, case, outputs):
-        _xfail_unless(request, (case, outputs) in self.LAZY_SERVED,
-                      "the conjugate/negative bit of a result is dropped (wrong values) or resolved")
+    def test_results_with_lazy_conjugate_or_negative_bits(self, graph_backend, case, outputs):
         fn, dtype = self.LAZY[case]
         g = CudaGraphModule(fn, warmup=1, backend=graph_backend, outputs=outputs)
         for k in range(5):
@@ -206,13 +191,10 @@ class TestReturnedObjectsAsEagerly:
         "subclass": lambda x: (x * 2).as_subclass(_Tagged),
         "subclass_view_of_input": lambda x: x.as_subclass(_Tagged),
     }
-    KINDS_SERVED = {("subclass", "clone"), ("subclass", "static")}
 
     @pytest.mark.parametrize("outputs", ["safe", "clone", "static"])
     @pytest.mark.parametrize("case", sorted(KINDS))
-    def test_parameter_and_subclass_results_keep_their_type(self, graph_backend, request, case, outputs):
-        _xfail_unless(request, (case, outputs) in self.KINDS_SERVED,
-                      "a Parameter or subclass result comes back as a plain Tensor")
+    def test_parameter_and_subclass_results_keep_their_type(self, graph_backend, case, outputs):
         fn = self.KINDS[case]
         g = CudaGraphModule(fn, warmup=1, backend=graph_backend, outputs=outputs)
         for k in range(4):
@@ -220,3 +202,46 @@ class TestReturnedObjectsAsEagerly:
             got, want = g(x), fn(x.clone())
             assert (type(got), got.requires_grad) == (type(want), want.requires_grad)
             torch.testing.assert_close(got.detach().as_subclass(torch.Tensor), want.detach().as_subclass(torch.Tensor))
+
+    def test_a_view_of_a_complex_parameter_as_another_dtype_is_a_new_view_at_each_call(self, graph_backend):
+        table = torch.nn.Parameter(torch.arange(4.0).to(torch.complex64) * (1 + 1j))
+        g = CudaGraphModule(lambda x: (torch.view_as_real(table), x + 1), warmup=1, backend=graph_backend)
+        views = [g(torch.ones(2))[0] for _ in range(3)]
+        assert len({id(v) for v in views}) == 3
+        for v in views:
+            assert v.dtype == torch.float32 and v.requires_grad
+            torch.testing.assert_close(v, torch.view_as_real(table))
+
+    def test_a_wrapper_subclass_result_is_rebuilt_from_its_tensors(self, graph_backend):
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        def fn(x):
+            return TwoTensor(x * 2, x + 1)
+
+        g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+        for k in range(4):
+            x = torch.full((3,), float(k))
+            got, want = g(x), fn(x.clone())
+            assert type(got) is TwoTensor
+            torch.testing.assert_close(got.a, want.a)
+            torch.testing.assert_close(got.b, want.b)
+
+    def test_a_subclass_with_its_own_dispatch_and_no_flatten_is_refused_at_capture(self, graph_backend):
+        class Dispatching(torch.Tensor):
+            @classmethod
+            def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        def fn(x):
+            return torch.Tensor._make_subclass(Dispatching, x * 2)
+
+        g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+        g(torch.ones(3))
+        with pytest.raises(UnsupportedError) as info:
+            g(torch.ones(3))
+        assert str(info.value) == (
+            "CudaGraphModule(fn) cannot replay this call as a CUDA graph: the function returned a Dispatching, a "
+            "tensor subclass with its own __torch_dispatch__ and no __tensor_flatten__, which graphmodule cannot "
+            "rebuild.\nTo fix: return tensors, containers of tensors, TensorDicts, tensorclasses or plain objects "
+            "holding them."
+        )

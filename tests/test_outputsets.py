@@ -8,7 +8,6 @@ contiguous tensors. Whatever capture made a graph, a later call gets the plain f
 values, gradients and result layout, or a clear error before any replay.
 """
 
-import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn

@@ -9,10 +9,8 @@ Then the caller holds the result, keeps only its storage, or changes it in place
 (its lazy bits resolved), its type, its bits and its strides; the held results and the bytes
 of the kept storages are observed.
 
-Foci: ``outputs`` draws the kinds and actions served today (fresh results, inputs and their
-views, parameters); ``xfail_outputs`` draws them all (#26 class 6: views of parameters and
-buffers are one object for every call, lazy bits are lost, ``nn.Parameter`` and subclass
-results come back as ``Tensor``; class 7: a kept storage is overwritten).
+Focus ``outputs`` draws them all (#26 classes 6 and 7: views of parameters and buffers are new
+objects at each call, lazy bits and result types are kept, a kept storage keeps its bytes).
 """
 
 from hypothesis import strategies as st
@@ -75,15 +73,13 @@ def observe(world):
     return [[show(t) for t in tensors(out)] for out in world["held"]], [t.clone() for t in kept]
 """
 
-SERVED = {  # kinds of results today's code returns as eagerly
+KINDS = {
     "fresh": "x * 2 + 1",
     "input": "x",
     "input_view": "x[1:]",
     "two_views": "(x * 3, (x * 3)[1:])",
     "views_of_one_result": "x.exp(), x.exp().t()",
     "parameter": "net.weight, x + 1",
-}
-KNOWN = {  # #26 class 6
     "parameter_view": "net.weight.t(), x * 2",
     "buffer_view": "net.table[1:], x * 2",
     "conj_of_input": "x.conj()",
@@ -93,32 +89,20 @@ KNOWN = {  # #26 class 6
     "subclass": "(x * 2).as_subclass(Tagged)",
     "subclass_view_of_input": "x.as_subclass(Tagged)",
 }
-ACTIONS = ["none", "hold", "t_", "unsqueeze_", "requires_grad_"]
-
-
-def _scenario(draw, known: bool) -> Scenario:
-    kinds = {**SERVED, **KNOWN} if known else SERVED
-    kind = draw(st.sampled_from(sorted(kinds)))
-    steps = draw(st.integers(3, 8))
-    actions = ACTIONS + ["storage"] if known else ACTIONS
-    src = TEMPLATE.format(
-        actions=[draw(st.sampled_from(actions)) for _ in range(steps)],
-        grad=draw(st.booleans()),
-        body=kinds[kind],
-        complex=".to(torch.complex64) * (1 - 2j)" if kind.startswith("conj") else "",
-    )
-    options = (("outputs", draw(st.sampled_from(["safe", "safe", "clone"]))),)
-    return Scenario(src=src, steps=steps, warmup=draw(st.integers(1, 2)), options=options,
-                    tags=frozenset({kind}))
+ACTIONS = ["none", "hold", "storage", "t_", "unsqueeze_", "requires_grad_"]
 
 
 @register("outputs")
 @st.composite
 def output_scenarios(draw):
-    return _scenario(draw, known=False)
-
-
-@register("xfail_outputs")
-@st.composite
-def output_scenarios_all(draw):
-    return _scenario(draw, known=True)
+    kind = draw(st.sampled_from(sorted(KINDS)))
+    steps = draw(st.integers(3, 8))
+    src = TEMPLATE.format(
+        actions=[draw(st.sampled_from(ACTIONS)) for _ in range(steps)],
+        grad=draw(st.booleans()),
+        body=KINDS[kind],
+        complex=".to(torch.complex64) * (1 - 2j)" if kind.startswith("conj") else "",
+    )
+    options = (("outputs", draw(st.sampled_from(["safe", "safe", "clone"]))),)
+    return Scenario(src=src, steps=steps, warmup=draw(st.integers(1, 2)), options=options,
+                    tags=frozenset({kind}))
