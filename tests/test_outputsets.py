@@ -8,6 +8,7 @@ contiguous tensors. Whatever capture made a graph, a later call gets the plain f
 values, gradients and result layout, or a clear error before any replay.
 """
 
+import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -69,6 +70,10 @@ def test_a_twin_captured_from_a_tensordict_holding_one_tensor_under_two_keys(gra
     torch.testing.assert_close(held, _two_keys(_td(a, b)))
 
 
+# The eager backward at the end reuses the parameters' AccumulateGrad nodes that the layer's
+# capture made on its side stream (kept alive by the held result): torch's notice of a stream
+# mismatch, about synchronisation, not values (docs/limits.md).
+@pytest.mark.filterwarnings("ignore:The AccumulateGrad node's stream does not match")
 def test_a_layer_twin_captured_from_an_aliased_call_gives_eager_values_and_gradients(graph_backend):
     torch.manual_seed(0)
     lin = nn.Linear(3, 3)
