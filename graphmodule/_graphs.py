@@ -22,7 +22,7 @@ from ._eager import EagerEntry
 from ._entry import NOT_SERVED, OTHER, REPLAY, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._grad import tracks_grad
-from ._hooks import refuse as refuse_hooks
+from ._hooks import detach_hook_weights, refuse as refuse_hooks
 from ._index import CallIndex
 from ._inputs import StaticInputs
 from ._mode import check_capture
@@ -49,6 +49,13 @@ class Found(NamedTuple):
 
 _NO_GRAPH = Found(OTHER, None, None, None)
 NOT_RUN = object()  # (Graphs.eager: the call has not run yet)
+
+
+def _untie_hook_weights(module: Any) -> None:
+    """Before the function runs on the side stream (a warmup call, a capture) in grad mode:
+    see :func:`~graphmodule._hooks.detach_hook_weights`."""
+    if torch.is_grad_enabled():
+        detach_hook_weights(module)
 
 
 def _laid_out_as(entry: Entry, leaves: Any) -> list:
@@ -136,6 +143,7 @@ class Graphs:
     def warmup_call(self, args: tuple, kwargs: dict, first: bool) -> Any:
         """A warmup call, run eagerly; ``first``: of the wrapper's first signature (its result
         tells the capture what the eager call returns)."""
+        _untie_hook_weights(self.module)
         out = self.runner.run_eager(lambda: self.module(*args, **kwargs))
         self.layer_hint = tracks_grad(out)
         if first:
@@ -170,6 +178,7 @@ class Graphs:
         # writes its temporaries. This call returns copies; the next one captures it again
         # with its results copied out of the pool (a twin of it, see _twin), which lends them.
         lend_later = self.lend and not self.layer_hint and self.runner.pool_in_use()
+        _untie_hook_weights(self.module)
         entry, _ = record(owner=self.owner, module=self.module, runner=self.runner, layout=call.layout,
                           leaves=call.leaves, mode=mode, clone=self.clone, lend=self.lend and not lend_later,
                           texts=call.texts, objs=call.objs, eager_keys=self.warm_keys if not self.entries else None,
@@ -222,6 +231,7 @@ class Graphs:
         ``decide`` let through may pass one tensor twice where ``entry`` has two buffers, or
         other gaps between elements), with ``entry``'s signature."""
         alone = entry.layer is not None
+        _untie_hook_weights(self.module)
         return record(owner=self.owner, module=self.module, runner=self.runner, layout=entry.spec.layout,
                       leaves=_laid_out_as(entry, leaves), mode=entry.mode, clone=True, lend=lend,
                       texts=entry.texts, objs=objs, alone=alone, like=None if alone else like, spec=entry.spec)[0]

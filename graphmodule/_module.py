@@ -37,7 +37,6 @@ from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import mismatch_error
 from ._graphs import NOT_RUN, Graphs
-from ._hooks import detach_hook_weights
 from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
@@ -281,8 +280,6 @@ class CudaGraphModule(WrapperSurface):
             self._stats.input_mismatches += 1
             raise InputMismatchError(self._owner, found.entry.extra_mismatches(found.leaves, found.entry.texts,
                                                                                found.objs))
-        if torch.is_grad_enabled():  # a warmup call or a capture, on the side stream (see _hooks)
-            detach_hook_weights(self.module)
         if graphs.entries:  # a signature no graph has
             if len(graphs.entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
                 if self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 from torch.nn.utils import prune
 
-from graphmodule import CudaGraphModule, StaleGraphError, UnsupportedError
+from graphmodule import CudaGraphModule, InputMismatchError, StaleGraphError, UnsupportedError
 
 X = torch.ones(2, 3)
 
@@ -197,6 +197,18 @@ class TestPureHooks:
             for (name, p), q in zip(net.named_parameters(), twin.parameters()):
                 torch.testing.assert_close(p.grad, q.grad, msg=f"{name}, call {i}")
         assert g.stats.captures == 1 and g.stats.replays == 4
+
+    def test_a_refused_call_leaves_the_hooks_weight_alone(self, graph_backend):
+        # the kept weight is detached before a warmup call or a capture, not before a call the
+        # wrapper refuses: a refused call has no effect
+        net = _weight_norm()
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        for _ in range(3):
+            g(torch.ones(2, 3)).sum().backward()
+        weight = net.weight
+        with pytest.raises(InputMismatchError):
+            g(torch.ones(4, 3))
+        assert net.weight is weight
 
     def test_select_out_keys(self, graph_backend, ones):
         module = TensorDictModule(nn.Linear(3, 3), in_keys=["x"], out_keys=["y", ]).select_out_keys("y")
