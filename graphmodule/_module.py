@@ -247,6 +247,10 @@ class CudaGraphModule(WrapperSurface):
             finally:
                 self._built = None
 
+    def _one_tensordict(self, args: tuple, kwargs: dict) -> bool:
+        """A call ``g(td)`` of a TensorDict module served in both call styles (see _graphs)."""
+        return self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase)
+
     def _switch_thread(self) -> None:
         """Another thread calls: the runner orders its stream after the last caller's."""
         self._thread = get_ident()
@@ -272,7 +276,7 @@ class CudaGraphModule(WrapperSurface):
         if found.verdict is STALE:
             return self._stale(found.entry, args, kwargs)
         if found.verdict is REFUSED:
-            if self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
+            if self._one_tensordict(args, kwargs):
                 # other nested TensorDicts where the module writes (g(td) after g(obs=x), or the reverse)
                 out = found.entry.through_stand_in(args[0], self.in_keys, mode)
                 if out is not NOT_SERVED:
@@ -282,7 +286,7 @@ class CudaGraphModule(WrapperSurface):
                                                                                found.objs))
         if graphs.entries:  # a signature no graph has
             if len(graphs.entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
-                if self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
+                if self._one_tensordict(args, kwargs):
                     # g(td) where a graph has its entries under another batch size (captured from g(obs=x))
                     out = graphs.other_batch_size(args[0], mode)
                     if out is not NOT_SERVED:
