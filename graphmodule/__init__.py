@@ -32,7 +32,8 @@ Modules, one concept each:
 - ``_discover``: what the graph reads from outside its inputs, found at capture.
 - ``_stale``: the check, at every call, that what it reads is unchanged
   (``_dictwatch``: the dict watchers that let it skip what did not change).
-- ``_hooks``: module hooks, whose Python a replay would not run: refused at capture, watched after.
+- ``_hooks``: module hooks, whose Python a replay would not run: judged at capture by what
+  they do (served, or refused naming the hook), watched after; ``allow_hook``.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode: part of the signature.
 - ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
@@ -56,6 +57,7 @@ from ._errors import (
     StaleGraphError,
     UnsupportedError,
 )
+from ._hooks import allow_hook
 from ._module import CudaGraphModule
 from ._options import Options, State
 from ._stats import GraphStats
@@ -77,4 +79,5 @@ __all__ = [
     "State",
     "UnsupportedError",
     "__version__",
+    "allow_hook",
 ]

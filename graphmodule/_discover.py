@@ -11,7 +11,10 @@ A graph reads tensors by address and Python values as they were at capture. The 
   objects and by value for Python scalars; and everything those lead to, as above;
 - the lists and dicts reached from a function (``scale[0]``, ``cfg["tau"]``): their entries,
   and their Python scalars by value, with their length (one place per container);
-- another wrapper reached so: what its function reads (it runs inline in this capture).
+- another wrapper reached so: what its function reads (it runs inline in this capture);
+- the Python hooks of the modules found (see :mod:`._hooks`): as functions (their closures,
+  globals and bound ``self``), and the attributes their code reads off the module they are
+  given and off their ``self`` (``module._has_update_associated``), Python scalars by value.
 
 Not found: Python values read from objects the walk does not reach (deeper than
 :data:`MAX_DEPTH`, or behind properties), Python scalars held by plain objects (as
@@ -28,16 +31,17 @@ import functools
 import reprlib
 import types
 from operator import getitem
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from ._hooks import attributes_read, describe_hook, hook_dicts, pure
 from ._spec import same_constant
 from ._surface import WrapperSurface
 
-__all__ = ["Discovery", "MAX_DEPTH", "PythonEffects"]
+__all__ = ["Change", "Discovery", "MAX_DEPTH", "PythonEffects"]
 
 MAX_DEPTH = 4
 _SCALARS = (int, float, bool, str, complex, type(None))
@@ -131,6 +135,12 @@ class _Cell:
     def __getitem__(self, _: Any) -> Any:
         return self.cell.cell_contents
 
+    def __setitem__(self, _: Any, value: Any) -> None:
+        if value is _EMPTY:
+            del self.cell.cell_contents
+        else:
+            self.cell.cell_contents = value
+
 
 def _global_names(code: types.CodeType) -> set[str]:
     names = set()
@@ -161,8 +171,10 @@ class Discovery:
     every call: ``_rebind`` binds them after each replay).
     """
 
-    def __init__(self, fn: Any, skip: frozenset = frozenset()):
+    def __init__(self, fn: Any, skip: frozenset = frozenset(), backward_hooks: bool = False,
+                 label: str | None = None):
         self._skip = skip
+        self._backward_hooks = backward_hooks  # walk the modules' backward hooks too
         self.dicts: list[tuple[dict, str]] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.compiled = False
@@ -176,7 +188,7 @@ class Discovery:
         self._globals: set[int] = set()  # modules' globals: scripts rebind them all the time
         self.functions: list[tuple[Callable, str]] = []
         self.modules: list[tuple[nn.Module, str]] = []
-        self._visit(fn, "module" if isinstance(fn, nn.Module) else "the wrapped callable", 0)
+        self._visit(fn, label or ("module" if isinstance(fn, nn.Module) else "the wrapped callable"), 0)
         self.known = frozenset(self._seen)  # objects that exist outside the call
 
     def _bind(self, container: Any, key: Any, value: Any, label: str, depth: int, scalars: bool = True) -> None:
@@ -300,6 +312,30 @@ class Discovery:
                 elif callable(value) or isinstance(value, (torch.optim.Optimizer, TensorDictBase)):
                     self._bind(attrs, name, value, f"{where}.{name}", depth)
             self._seen.add(id(m))
+            self._hooks(m, where, depth)
+
+    def _hooks(self, m: nn.Module, where: str, depth: int) -> None:
+        """The Python hooks a call of ``m`` runs (its own, and the global ones), walked as the
+        function is: a replay baked in what they read, as what the function reads. Besides,
+        the attributes their code reads off the module they are given and off their ``self``
+        (found in their bytecode), Python scalars by value: a hook's branch on a flag it reads
+        there (``if not all(module._has_update_associated.values()): warn``) changes with it."""
+        for d in hook_dicts([(m, where)], self._backward_hooks):
+            for hook in list(d.hooks.values()):
+                if pure(hook):
+                    continue
+                label = f"{d.where}: {describe_hook(d, hook)}"
+                self._visit(hook, label, depth + 1)
+                reads = attributes_read(hook)
+                attrs = vars(m)
+                for name in sorted(reads.module):
+                    if name in attrs and name != "training":
+                        self._bind(attrs, name, attrs[name], f"{where}.{name} (read by {label})", depth)
+                if reads.self is not None:
+                    attrs = vars(reads.self)
+                    for name in sorted(reads.self_names):
+                        if name in attrs:
+                            self._bind(attrs, name, attrs[name], f"self.{name} of {label}", depth)
 
     def _optimizer(self, opt: torch.optim.Optimizer, label: str, depth: int) -> None:
         self.optimizers.append(opt)
@@ -361,38 +397,102 @@ def _shallow(value: Any) -> Any:
     return None
 
 
+class Change(NamedTuple):
+    """One change of Python state: where (``place[key]``: a dict and its key, or a closure
+    cell), in words, and how to put it back."""
+
+    place: Any  # the dict, or the closure cell
+    key: Any
+    text: str
+    restore: Callable[[], None]
+
+
+class _Before(NamedTuple):
+    container: Any  # a dict, or a _Cell
+    key: Any
+    label: str
+    value: Any
+    shallow: Any  # the entries of a list, dict or set (see _shallow), else None
+
+
+def _python_places(functions: list[tuple[Callable, str]]) -> list[tuple[Any, Any, str]]:
+    places: list[tuple[Any, Any, str]] = []
+    for fn, name in functions:
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            places.append((_Cell(cell), None, f"closure variable {var!r} of {name}"))
+        globs = fn.__globals__
+        for var in sorted(_global_names(fn.__code__)):
+            if not isinstance(globs.get(var), (types.ModuleType, type)):
+                places.append((globs, var, f"global {var!r} of {name}"))
+    return places
+
+
 class PythonEffects:
     """Python state the function changes: closure variables and the globals it writes or reads.
 
     A replay runs no Python, so ``nonlocal step; step += 1`` or ``losses.append(...)`` in
     the function would happen once, at capture, instead of at every call. Snapshot
-    before the capture, :meth:`changes` after it.
+    before the capture, :meth:`changes` after it. ``places``: those of another snapshot
+    (:meth:`again`), not found again.
     """
 
-    def __init__(self, functions: list[tuple[Callable, str]]):
-        self.before: list[tuple[Any, Any, str, Any, Any]] = []
-        for fn, name in functions:
-            for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-                value = cell.cell_contents if _filled(cell) else _EMPTY
-                self.before.append((_Cell(cell), None, f"closure variable {var!r} of {name}", value, _shallow(value)))
-            globs = fn.__globals__
-            for var in _global_names(fn.__code__):
-                value = globs.get(var, _EMPTY)
-                if not isinstance(value, (types.ModuleType, type)):
-                    self.before.append((globs, var, f"global {var!r} of {name}", value, _shallow(value)))
+    def __init__(self, functions: list[tuple[Callable, str]] = (), places: list | None = None):
+        self.places = places if places is not None else _python_places(list(functions))
+        self.before = [_Before(c, k, label, value, _shallow(value))
+                       for c, k, label in self.places for value in (_read(c, k),)]
+
+    def again(self) -> PythonEffects:
+        """A new snapshot of the same places."""
+        return PythonEffects(places=self.places)
 
     def changes(self) -> list[str]:
+        return [change.text for change in self.changed()]
+
+    def changed(self) -> list[Change]:
         out = []
-        for container, key, label, value, shallow in self.before:
-            try:
-                now = getitem(container, key)
-            except (KeyError, ValueError):
-                now = _EMPTY
-            if now is not value and not (isinstance(now, _SCALARS) and same_constant(now, value)):
-                out.append(f"{label} was rebound ({_show(value)} → {_show(now)})")
-            elif shallow is not None and _shallow(now) is not None and not _same_shallow(shallow, _shallow(now)):
-                out.append(f"{label} ({type(value).__name__}) was modified in place")
+        for b in self.before:
+            now = _read(b.container, b.key)
+            place = b.container.cell if isinstance(b.container, _Cell) else b.container
+            if now is not b.value and not (isinstance(now, _SCALARS) and same_constant(now, b.value)):
+                out.append(Change(place, b.key, f"{b.label} was rebound ({_show(b.value)} → {_show(now)})",
+                                  functools.partial(_put, b.container, b.key, b.value)))
+            elif b.shallow is not None and _shallow(now) is not None and not _same_shallow(b.shallow, _shallow(now)):
+                out.append(Change(place, b.key, f"{b.label} ({type(b.value).__name__}) was modified in place",
+                                  functools.partial(refill, now, b.shallow)))
         return out
+
+    def excuse(self, places: set[tuple[int, Any]]) -> None:
+        """Take the state at ``places`` (``(id(dict or cell), key)``) as it is now: what a hook
+        marked with ``allow_hook`` changed there is not the function's change."""
+        for i, b in enumerate(self.before):
+            place = b.container.cell if isinstance(b.container, _Cell) else b.container
+            if (id(place), b.key) in places:
+                now = _read(b.container, b.key)
+                self.before[i] = b._replace(value=now, shallow=_shallow(now))
+
+
+def _read(container: Any, key: Any) -> Any:
+    try:
+        return getitem(container, key)
+    except (KeyError, ValueError):
+        return _EMPTY
+
+
+def _put(container: Any, key: Any, value: Any) -> None:
+    if value is _EMPTY and isinstance(container, dict):
+        container.pop(key, None)
+    else:
+        container[key] = value
+
+
+def refill(obj: Any, shallow: Any) -> None:
+    """Put the entries a :func:`_shallow` snapshot saw back into ``obj`` (a list, dict or set)."""
+    _, items = shallow
+    if isinstance(obj, list):
+        obj[:] = items
+    else:
+        obj.clear()
+        obj.update(items)
 
 
 def _same_shallow(a: Any, b: Any) -> bool:
@@ -400,19 +500,11 @@ def _same_shallow(a: Any, b: Any) -> bool:
     if ta is not tb or len(ia) != len(ib):
         return False
     for x, y in zip(ia, ib):
-        if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == 2 and ta is dict:
+        if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == 2 and issubclass(ta, dict):
             if x[0] != y[0] or x[1] is not y[1]:
                 return False
         elif x is not y:
             return False
-    return True
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
     return True
 
 

@@ -22,7 +22,7 @@ from ._eager import EagerEntry
 from ._entry import NOT_SERVED, OTHER, REPLAY, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._grad import tracks_grad
-from ._hooks import detach_hook_weights, refuse as refuse_hooks
+from ._hooks import detach_hook_weights
 from ._index import CallIndex
 from ._inputs import StaticInputs
 from ._mode import check_capture
@@ -199,15 +199,14 @@ class Graphs:
         its capture failed with ``on_capture_failure="eager"``): its entry, the most recently
         used, and the call's result (``ran``, where the call already ran, else run now).
 
-        What a capture refuses before running the function (module hooks, autocast's cache
-        over what the graph reads, inference tensors autograd would save; ``watch``: what it
-        reads, taken before the call) is refused here too, so that code that runs without
-        CUDA runs on a GPU. What only a capture sees (a host synchronisation, Python state
-        the function changes) is not."""
+        What a capture refuses before running the function (autocast's cache over what the
+        graph reads, inference tensors autograd would save; ``watch``: what it reads, taken
+        before the call) is refused here too, so that code that runs without CUDA runs on a
+        GPU. What only a capture sees (a host synchronisation, Python state the function or
+        its modules' hooks change) is not."""
         args, kwargs = call.tree
         if ran is NOT_RUN:
             check_capture(self.owner, mode, watch.tensors(), list(zip(call.texts, call.leaves)))
-            refuse_hooks(self.owner, watch.modules, backward=torch.is_grad_enabled())
             ran = self.runner.run_eager(lambda: self.module(*args, **kwargs))
         self.stats.eager_calls += 1
         # what it reads as the call left it (a function that builds state at its first call)

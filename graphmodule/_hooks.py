@@ -2,15 +2,26 @@
 
 A hook on a module the graph runs (``register_forward_pre_hook``, ``register_forward_hook``,
 the full backward hooks, and the global ``register_module_forward_hook`` family) runs its
-Python at every eager call: it appends to a log, stores an activation, counts. A replay runs
-no Python, so such a hook would run once, at capture. Hooks present at capture are refused,
-naming the module and the hook (:func:`refuse`), except those that only compute tensors the
-graph records and keep no Python state (:func:`pure`: torch's old-style ``weight_norm``,
-``spectral_norm`` and pruning hooks, tensordict's ``select_out_keys``, FSDP2's forward hooks); backward hooks only
-where the capture records autograd (grad mode), since only a backward runs them. The weights
-the first three keep from an earlier call are detached before warmup calls and captures
-(:func:`detach_hook_weights`: their autograd graph ties autograd to another stream). Hooks added
-or removed after the capture make the graph stale (:class:`HookWatch`, read by
+Python at every eager call; a replay runs none. Hooks are judged by what they do, as the
+function is:
+
+- what a hook reads is found by the walk from the function (``_discover``: its closures,
+  globals and ``self``, and the attributes its code reads off its module), and watched after
+  the capture, as what the function reads;
+- what it changes is found while the capture runs it (:class:`HookEffects`: a snapshot of
+  the Python state it can change around each of its calls). A hook that changed Python state
+  (appended to a list, counted, stored a Python value) is refused naming it, its changes put
+  back; one that only computes tensors (recorded by the capture), reads or warns is served.
+  Its warning is raised at the warmup calls and the capture, which run the function eagerly.
+- :func:`allow_hook` marks a hook whose Python effects may run at the warmup calls and the
+  capture only.
+
+Backward hooks are judged where the graph runs the backward itself (a train step); a graph
+used as a layer refuses them (``_grad``: its backward replays apart from the capture). torch's
+own hooks that compute a weight from parameters (:func:`pure`) are served without the run.
+The weights they keep from an earlier call are detached before warmup calls and captures
+(:func:`detach_hook_weights`: their autograd graph ties autograd to another stream). Hooks
+added or removed after the capture make the graph stale (:class:`HookWatch`, read by
 :class:`~graphmodule._stale.Watch`).
 
 A hook added or removed anywhere moves torch's ``RemovableHandle.next_id`` (every
@@ -29,17 +40,21 @@ function, goes unseen until then.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dis
+import functools
+import operator
+import types
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
-from ._discover import Discovery
 from ._errors import UnsupportedError
 
-__all__ = ["HookDict", "HookWatch", "describe_hook", "detach_hook_weights", "hook_dicts", "pure", "refuse"]
+__all__ = ["HookDict", "HookEffects", "HookWatch", "allow_hook", "allowed", "attributes_read", "describe_hook",
+           "detach_hook_weights", "hook_dicts", "pure"]
 
 
 class _Kind(NamedTuple):
@@ -153,6 +168,8 @@ def detach_hook_weights(fn: Any) -> None:
         >>> net.weight.grad_fn is None, held.grad_fn is None, torch.equal(net.weight, held)
         (True, False, True)
     """
+    from ._discover import Discovery
+
     for module, _ in Discovery(fn).modules:
         for hook in list(module._forward_pre_hooks.values()):
             if isinstance(hook, _WEIGHT_HOOKS):
@@ -180,24 +197,264 @@ def describe_hook(d: HookDict, hook: Any) -> str:
     return f"{d.kind.name} {_name(hook)!r} ({d.register})"
 
 
-_FORWARD_ADVICE = ("remove the hook while the wrapper runs (handle.remove()), do its work on the results outside "
-                   "the wrapped function, or keep that module out of the wrapped function.")
-_BACKWARD_ADVICE = ("remove the hook while the wrapper runs (handle.remove()), register it on a module outside the "
-                    "wrapped function, or hook the parameters' gradients (p.register_hook), which run eagerly at "
-                    "every backward of a graph used as a layer.")
+# -- the opt-in: a hook whose Python effects may run at the warmup calls and the capture only --
+_ALLOWED = "__graphmodule_allow_hook__"
+
+H = TypeVar("H")
 
 
-def refuse(owner: str, modules: list[tuple[nn.Module, str]], backward: bool) -> None:
-    """Raise :class:`UnsupportedError` naming the first hook a replay would not run."""
-    for d in hook_dicts(modules, backward):
-        for hook in list(d.hooks.values()):
-            if not pure(hook):
-                raise UnsupportedError(
-                    owner,
-                    f"expected no Python hooks on the modules the graph runs, got {describe_hook(d, hook)} on "
-                    f"{d.where}: a replay runs no Python, so the hook would run once, at capture, and never again.",
-                    _BACKWARD_ADVICE if d.kind.backward else _FORWARD_ADVICE,
-                )
+def allow_hook(hook: H) -> H:
+    """Mark ``hook``, a module hook, as one whose Python effects a replay may skip: a graph is
+    captured with it, it runs at the warmup calls and at the capture (which run the function
+    eagerly), and not at replays. Returns ``hook``, so it also serves as a decorator.
+
+    Without the mark, a hook that changes Python state (appends to a list, counts, stores
+    Python values on an object) is refused at capture, since a replay would skip what every
+    eager call does; with it, you accept that. What the hook computes with tensors is recorded
+    by the capture and replayed, as for any hook; what it reads is watched. A method is marked
+    for every object of its class.
+
+        >>> import torch
+        >>> from graphmodule import CudaGraphModule, allow_hook
+        >>> seen = []
+        >>> @allow_hook
+        ... def note_shape(module, args):
+        ...     seen.append(tuple(args[0].shape))
+        >>> net = torch.nn.Linear(3, 3)
+        >>> handle = net.register_forward_pre_hook(note_shape)
+        >>> g = CudaGraphModule(net, warmup=1, backend="simulate")
+        >>> with torch.no_grad():
+        ...     _ = g(torch.ones(2, 3)); _ = g(torch.ones(2, 3))  # a warmup call, the capture
+        >>> seen
+        [(2, 3), (2, 3)]
+    """
+    target = hook.__func__ if isinstance(hook, types.MethodType) else hook
+    try:
+        setattr(target, _ALLOWED, True)
+    except (AttributeError, TypeError):
+        raise TypeError(f"allow_hook expected a function, a method or a callable object it can mark, got "
+                        f"{type(hook).__name__} {hook!r}: wrap it in a function (def hook(*args): ...).") from None
+    return hook
+
+
+def allowed(hook: Any) -> bool:
+    """Whether ``hook`` was marked with :func:`allow_hook`."""
+    return bool(getattr(hook, _ALLOWED, False))
+
+
+class Reads(NamedTuple):
+    """The attributes a hook's code reads off the module it is given and off its ``self``."""
+
+    module: frozenset
+    self: Any  # the object bound as the hook's self (None for a function)
+    self_names: frozenset
+
+
+_NO_READS = Reads(frozenset(), None, frozenset())
+
+
+def attributes_read(hook: Any) -> Reads:
+    """The attributes ``hook``'s bytecode loads straight off its module parameter
+    (``module.x``) and off its ``self``: what it reads that the module walk may not watch (a
+    private attribute, a Python value on a plain object). ``getattr(module, name)`` and reads
+    through other names are not seen."""
+    if isinstance(hook, types.MethodType) and isinstance(hook.__func__, types.FunctionType):
+        fn, self = hook.__func__, hook.__self__
+    elif isinstance(hook, types.FunctionType):
+        fn, self = hook, None
+    elif isinstance(getattr(type(hook), "__call__", None), types.FunctionType) and hasattr(hook, "__dict__"):
+        fn, self = type(hook).__call__, hook
+    else:
+        return _NO_READS
+    code = fn.__code__
+    params = code.co_varnames[:code.co_argcount]
+    first = 1 if self is not None else 0
+    module = params[first] if len(params) > first else None
+    names = _loads_off(code, {module, params[0] if self is not None and params else None} - {None})
+    return Reads(frozenset(names.get(module, ())), self,
+                 frozenset(names.get(params[0], ())) if self is not None and params else frozenset())
+
+
+def _loads_off(code: types.CodeType, variables: set) -> dict[str, set[str]]:
+    """``variable -> attribute names`` loaded right after loading that local variable."""
+    out: dict[str, set[str]] = {}
+    last = None
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and last in variables:
+            out.setdefault(last, set()).add(ins.argval)
+        if ins.opname.startswith("LOAD_FAST") or ins.opname in ("LOAD_DEREF", "LOAD_CLOSURE"):
+            last = ins.argval[-1] if isinstance(ins.argval, tuple) else ins.argval
+        else:
+            last = None
+    return out
+
+
+# -- running the hooks under effect discovery, at capture -----------------------------------
+_FORWARD_ADVICE = ("keep that state outside the hook (do its work on the results after the call), remove the hook "
+                   "while the wrapper runs (handle.remove()), or, if running it at the warmup calls and the capture "
+                   "only is what you want, mark it with graphmodule.allow_hook(hook).")
+_BACKWARD_ADVICE = ("keep that state outside the hook, remove the hook while the wrapper runs (handle.remove()), "
+                    "hook the parameters' gradients (p.register_hook), which run eagerly at every backward of a graph "
+                    "used as a layer, or, if running it at the warmup calls and the capture only is what you want, "
+                    "mark it with graphmodule.allow_hook(hook).")
+
+
+class _Judged(NamedTuple):
+    """A hook run under effect discovery during a capture."""
+
+    hook: Any
+    dict: HookDict
+    key: Any
+    python: Any  # PythonEffects of its functions (closures, globals), snapshot taken again at each call
+    dicts: list  # (dict, label): the __dict__ of its self and the objects it reaches
+
+
+class Found(NamedTuple):
+    """Python state one call of a hook changed."""
+
+    judged: _Judged
+    changes: list  # of _discover.Change
+
+
+class HookEffects:
+    """The Python hooks of the graph's modules, each run under effect discovery while a
+    capture runs: a snapshot of the Python state it can change (its closures and globals, the
+    ``__dict__`` of the module it is given, of its ``self`` and of the objects they lead to,
+    with the lists, dicts and sets held there) before each of its calls, compared after it.
+
+    What a hook changes there is what a replay, which runs no Python, would skip: found here,
+    put back right after the capture (:meth:`close`; the call is refused, as if not made), and
+    refused naming the hook (:meth:`refuse`); a hook marked with :func:`allow_hook` is let
+    run (:meth:`excuse`). A hook that only computes tensors (recorded by the capture), reads
+    Python state (watched after it) or warns changes nothing there, and is served. Rebinding
+    an attribute to a tensor or an object is not counted: the capture finds it, and every
+    replay binds it again, as for the function (``_rebind``).
+
+        >>> import torch
+        >>> from graphmodule._hooks import HookEffects
+        >>> net = torch.nn.Linear(2, 2)
+        >>> net.calls = 0
+        >>> def count(module, args, out):
+        ...     module.calls += 1
+        >>> handle = net.register_forward_hook(count)
+        >>> effects = HookEffects([(net, "module")], backward=False)
+        >>> _ = net(torch.ones(1, 2))
+        >>> effects.close()  # (the hook's change put back)
+        >>> [c.text for f in effects.found for c in f.changes], net.calls
+        (['module.calls was rebound (0 → 1)'], 0)
+    """
+
+    def __init__(self, modules: list[tuple[nn.Module, str]], backward: bool):
+        from ._discover import Discovery, PythonEffects
+
+        self.found: list[Found] = []
+        self._where = {id(m): where for m, where in modules}
+        self._wrapped: list[tuple[dict, Any, Any, Any]] = []  # (hook dict, key, hook, wrapper)
+        seen: dict[int, Any] = {}
+        judged = []
+        for d in hook_dicts(modules, backward):  # every walk before any hook is wrapped
+            for key, hook in list(d.hooks.items()):
+                if not pure(hook):
+                    found = seen.get(id(hook))
+                    if found is None:
+                        found = seen[id(hook)] = Discovery(hook, label="self")
+                    judged.append(_Judged(hook, d, key, PythonEffects(found.functions), list(found.dicts)))
+        for j in judged:
+            wrapper = functools.partial(self._run, j)
+            j.dict.hooks[j.key] = wrapper
+            self._wrapped.append((j.dict.hooks, j.key, j.hook, wrapper))
+
+    def _run(self, judged: _Judged, *args: Any, **kwargs: Any) -> Any:
+        module = args[0] if args and isinstance(args[0], nn.Module) else None
+        dicts = judged.dicts
+        if module is not None:
+            dicts = [(vars(module), self._where.get(id(module), type(module).__name__)), *dicts]
+        python, state = judged.python.again(), _DictsState(dicts)
+        out = judged.hook(*args, **kwargs)
+        changes = python.changed() + state.changed()
+        if changes:
+            self.found.append(Found(judged, changes))
+        return out
+
+    def close(self) -> None:
+        """After the capture: the hooks back in their dicts, and what hooks that are not
+        allowed changed put back (the latest change first)."""
+        for hooks, key, hook, wrapper in self._wrapped:
+            if hooks.get(key) is wrapper:
+                hooks[key] = hook
+        self._wrapped = []
+        for found in reversed(self.found):
+            if not allowed(found.judged.hook):
+                for change in reversed(found.changes):
+                    change.restore()
+
+    def refuse(self, owner: str) -> None:
+        """Raise :class:`UnsupportedError` naming the first hook, not allowed, that changed
+        Python state."""
+        for found in self.found:
+            judged = found.judged
+            if allowed(judged.hook):
+                continue
+            d = judged.dict
+            texts = list(dict.fromkeys(c.text for c in found.changes))
+            raise UnsupportedError(
+                owner,
+                f"expected the Python hooks on the modules the graph runs to change no Python state, got "
+                f"{describe_hook(d, judged.hook)} on {d.where}, which changes: {'; '.join(texts)}. A replay runs "
+                "no Python, so the hook would run once, at capture, and never again.",
+                _BACKWARD_ADVICE if d.kind.backward else _FORWARD_ADVICE,
+            )
+
+    def excuse(self, python: Any, bindings: Any) -> None:
+        """What allowed hooks changed, taken as the state before the capture by the
+        function's own checks (``python``: its ``PythonEffects``; ``bindings``: its
+        ``_rebind.Bindings``, whose ``before`` copies the dicts it compares)."""
+        places = {(id(c.place), c.key) for f in self.found if allowed(f.judged.hook) for c in f.changes}
+        if not places:
+            return
+        python.excuse(places)
+        for (d, _), before in zip(bindings.dicts, bindings.before):
+            for key in list(set(before) | set(d)):
+                if (id(d), key) in places:
+                    if key in d:
+                        before[key] = d[key]
+                    else:
+                        before.pop(key, None)
+
+
+class _DictsState:
+    """The entries of some ``__dict__``s, and the lists, dicts and sets they hold, before a
+    hook's call; :meth:`changed`: what the call changed that a replay would skip."""
+
+    def __init__(self, dicts: list[tuple[dict, str]]):
+        from ._discover import _shallow
+
+        unique = list({id(d): (d, label) for d, label in dicts}.values())
+        self.dicts = [(d, label, dict(d), {k: _shallow(v) for k, v in d.items() if isinstance(v, _CONTAINERS)})
+                      for d, label in unique]
+
+    def changed(self) -> list:
+        from ._discover import _EMPTY, _SCALARS, Change, _put, _same_shallow, _shallow, _show, refill
+
+        out = []
+        for d, label, items, shallows in self.dicts:
+            if items.keys() == d.keys() and all(map(operator.is_, items.values(), d.values())) and not shallows:
+                continue
+            for key in [*items, *(k for k in d if k not in items)]:
+                was, now = items.get(key, _EMPTY), d.get(key, _EMPTY)
+                where = f"{label}.{key}"
+                if now is _EMPTY and was is not _EMPTY:
+                    out.append(Change(d, key, f"{where} was deleted", functools.partial(_put, d, key, was)))
+                elif now is not was and isinstance(now, _SCALARS) and now is not None:
+                    out.append(Change(d, key, f"{where} was rebound ({_show(was)} → {now!r})",
+                                      functools.partial(_put, d, key, was)))
+                elif now is was and key in shallows and not _same_shallow(shallows[key], _shallow(now)):
+                    out.append(Change(d, key, f"{where} ({type(now).__name__}) was modified in place",
+                                      functools.partial(refill, now, shallows[key])))
+        return out
+
+
+_CONTAINERS = (list, dict, set)
 
 
 class HookWatch:

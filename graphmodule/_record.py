@@ -24,7 +24,7 @@ from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry, rerun_body
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
-from ._hooks import refuse as refuse_hooks
+from ._hooks import HookEffects
 from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
 from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
@@ -160,11 +160,11 @@ def record(
     for an effect or output a replay could not reproduce (the graph is released then).
     """
     spec = spec or InputSpec(layout, leaves, mode)
-    before = Watch(module)  # what exists before the capture: parameters, state...
-    check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
-    refuse_hooks(owner, before.modules, backward=torch.is_grad_enabled())
-    inputs = StaticInputs(layout, leaves)
     grad = torch.is_grad_enabled()
+    # what exists before the capture: parameters, state... (and the backward hooks a train step runs)
+    before = Watch(module, backward_hooks=grad)
+    check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
+    inputs = StaticInputs(layout, leaves)
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []
     marks = Marks(before.externals.values(), [inputs.leaves[i] for i in tracked]) if grad else None
     materialized = Materialized(inputs, callers=objs)
@@ -176,15 +176,19 @@ def record(
     body = lambda: module(*args, **kwargs)  # noqa: E731
     twin = CopyOut(like, materialized) if like is not None else None
     bindings = Bindings(before)  # .grad and attributes, to find what the function rebinds
+    hooks = HookEffects(before.modules, backward=grad)  # the modules' hooks, each run under effect discovery
     try:
         if twin is None:
             captured = runner.capture(body, owner, alone=lend or alone)
         else:
             captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
     finally:
+        hooks.close()  # (before the probes go: what a refused hook changed is put back as it was)
         bindings.close()
     handle, out = captured.handle, captured.out
     try:
+        hooks.refuse(owner)
+        hooks.excuse(python, bindings)
         _same_layouts(owner, inputs, layouts, texts)
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
         changed = python.changes() + bindings.python_changes()

@@ -39,7 +39,7 @@ class Watch(Discovery):
     bound at every call as at capture."""
 
     def __init__(self, fn: Any, backward_hooks: bool = False, rebound: Any = None):
-        super().__init__(fn, rebound.places if rebound is not None else frozenset())
+        super().__init__(fn, rebound.places if rebound is not None else frozenset(), backward_hooks=backward_hooks)
         self._fn, self.rebound = fn, rebound
         # (tensor, what its .grad held at capture, place): the graph accumulates into it, or
         # reads it (None: the step's backward binds a new one, or its optimizer skips it)
@@ -49,8 +49,8 @@ class Watch(Discovery):
         self._grad_labels = [label for _, _, label in required]
         self._flag: _dictwatch.Flag | None = None  # dict places verified since the flag went down
         # the modules' hooks (backward ones where a backward inside the graph runs them): the
-        # hooks present (pure ones, see _hooks) by identity, and one place that moves when any
-        # hook is registered
+        # hooks present by identity (what they read is found by the walk), and one place that
+        # moves when any hook is registered
         self.backward_hooks = backward_hooks
         self.hooks = HookWatch(self.modules, backward_hooks)
         for d, captured in zip(self.hooks.dicts, self.hooks.captured):
