@@ -1,5 +1,7 @@
-"""Module hooks: Python a replay would not run is refused at capture, and watched after it."""
+"""Module hooks: judged at capture by what they do (served, or refused naming the hook), and
+watched after it. Each test compares with the plain module run on a twin of the same state."""
 
+import copy
 import warnings
 
 import pytest
@@ -10,9 +12,15 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 from torch.nn.utils import prune
 
-from graphmodule import CudaGraphModule, InputMismatchError, StaleGraphError, UnsupportedError
+from graphmodule import CudaGraphModule, InputMismatchError, StaleGraphError, UnsupportedError, allow_hook
 
 X = torch.ones(2, 3)
+
+FORWARD_ADVICE = (
+    "To fix: keep that state outside the hook (do its work on the results after the call), remove the hook while "
+    "the wrapper runs (handle.remove()), or, if running it at the warmup calls and the capture only is what you "
+    "want, mark it with graphmodule.allow_hook(hook)."
+)
 
 
 def _net():
@@ -24,6 +32,15 @@ def _calls(g, n=3, x=X):
         return [g(x + i) for i in range(n)]
 
 
+def _refusal(hook: str, where: str, changes: str, register: str = "register_forward_hook",
+             kind: str = "forward hook", owner: str = "Sequential", advice: str = FORWARD_ADVICE) -> str:
+    return (
+        f"CudaGraphModule({owner}) cannot replay this call as a CUDA graph: expected the Python hooks on the modules "
+        f"the graph runs to change no Python state, got {kind} {hook!r} ({register}) on {where}, which changes: "
+        f"{changes}. A replay runs no Python, so the hook would run once, at capture, and never again.\n{advice}"
+    )
+
+
 def log_activation(module, args, output):
     LOG.append(output.sum().item())
 
@@ -31,48 +48,148 @@ def log_activation(module, args, output):
 LOG: list = []
 
 
+# -- hooks with Python effects, as a user writes them --------------------------------------
+def _appends(net):
+    seen = []
+
+    def remember(module, args, output):
+        seen.append(output.detach())
+
+    net[0].register_forward_hook(remember)
+    return seen, ("_appends.<locals>.remember", "closure variable 'seen' of _appends.<locals>.remember (list) was "
+                                                "modified in place")
+
+
+def _sets_an_attribute(net):
+    net[0].flipped = False
+
+    def flip(module, args, output):
+        module.flipped = not module.flipped
+
+    net[0].register_forward_hook(flip)
+    return net[0].__dict__, ("_sets_an_attribute.<locals>.flip", "module.0.flipped was rebound (True → False)")
+
+
+def _counts(net):
+    count = 0
+
+    def tick(module, args, output):
+        nonlocal count
+        count += 1
+
+    net[0].register_forward_hook(tick)
+    return tick.__closure__[0], ("_counts.<locals>.tick", "closure variable 'count' of _counts.<locals>.tick was "
+                                                          "rebound (1 → 2)")
+
+
+def _stores_an_activation(net):
+    activations = {}
+
+    def store(module, args, output):
+        activations["first"] = output.detach()
+
+    net[0].register_forward_hook(store)
+    return activations, ("_stores_an_activation.<locals>.store", "closure variable 'activations' of "
+                         "_stores_an_activation.<locals>.store (dict) was modified in place")
+
+
+class Recorder:
+    def __init__(self):
+        self.features = []
+
+    def hook(self, module, args, output):
+        self.features.append(output.detach())
+
+
+def _a_method_on_an_object(net):
+    recorder = Recorder()
+    net[0].register_forward_hook(recorder.hook)
+    return recorder.features, ("Recorder.hook", "self.features (list) was modified in place")
+
+
+EFFECTS = [_appends, _sets_an_attribute, _counts, _stores_an_activation, _a_method_on_an_object]
+
+
+def _state(found):
+    """What a user can observe of a hook's state."""
+    if hasattr(found, "cell_contents"):
+        return found.cell_contents
+    if isinstance(found, dict) and "flipped" in found:
+        return found["flipped"]
+    return copy.copy(found)
+
+
 class TestRefusedAtCapture:
+    """A hook that changes Python state, which a replay would not, is refused at the capture
+    naming it, and what it changed there is put back: the wrapper is left as if the call had
+    not been made."""
+
     def test_a_forward_hook_with_a_python_effect(self, graph_backend, ones):
+        LOG.clear()
         net = _net()
         handle = net[0].register_forward_hook(log_activation)
         g = CudaGraphModule(net, warmup=1, backend=graph_backend)
-        with torch.no_grad(), pytest.raises(UnsupportedError) as info:
-            for _ in range(10):
+        with torch.no_grad():
+            g(ones)  # the warmup call, eager: the hook logs
+            assert len(LOG) == 1
+            with pytest.raises(UnsupportedError) as info:
                 g(ones)
-        assert str(info.value) == (
-            "CudaGraphModule(Sequential) cannot replay this call as a CUDA graph: expected no Python hooks on the "
-            "modules the graph runs, got forward hook 'log_activation' (register_forward_hook) on module.0: a replay "
-            "runs no Python, so the hook would run once, at capture, and never again.\n"
-            "To fix: remove the hook while the wrapper runs (handle.remove()), do its work on the results outside "
-            "the wrapped function, or keep that module out of the wrapped function."
-        )
+        assert str(info.value) == _refusal("log_activation", "module.0",
+                                           "global 'LOG' of log_activation (list) was modified in place")
+        assert len(LOG) == 1  # the capture's log entry was put back
         handle.remove()  # the wrapper was left as if the call had not been made
         out = _calls(g, x=ones)[-1]
         torch.testing.assert_close(out, net(ones + 2))
         assert g.stats.captures == 1
 
+    @pytest.mark.parametrize("effect", EFFECTS, ids=[e.__name__.strip("_") for e in EFFECTS])
+    def test_each_python_effect_is_refused_naming_the_hook(self, graph_backend, ones, effect):
+        net = _net()
+        found, (name, change) = effect(net)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.no_grad():
+            g(ones)
+            before = _state(found)
+            with pytest.raises(UnsupportedError) as info:
+                g(ones)
+        assert str(info.value) == _refusal(name, "module.0", change)
+        after = _state(found)
+        assert type(after) is type(before) and (after == before if not isinstance(after, (list, dict))
+                                                else len(after) == len(before))
+        assert g.stats.captures == 0
+
     def test_a_forward_pre_hook(self):
         net = _net()
-        net.register_forward_pre_hook(lambda module, args: None)
+        shapes = []
+        net.register_forward_pre_hook(lambda module, args: shapes.append(args[0].shape))
         g = CudaGraphModule(net, warmup=1, backend="simulate")
-        with pytest.raises(UnsupportedError, match=r"got forward pre-hook '.*<lambda>' \(register_forward_pre_hook\) "
-                                                   r"on module:"):
+        with pytest.raises(UnsupportedError) as info:
             _calls(g)
+        assert str(info.value) == _refusal(
+            "TestRefusedAtCapture.test_a_forward_pre_hook.<locals>.<lambda>", "module",
+            "closure variable 'shapes' of TestRefusedAtCapture.test_a_forward_pre_hook.<locals>.<lambda> (list) was "
+            "modified in place", register="register_forward_pre_hook", kind="forward pre-hook")
+        assert shapes == [X.shape]  # the warmup call's
 
     def test_a_global_forward_hook(self):
+        LOG.clear()
         g = CudaGraphModule(_net(), warmup=1, backend="simulate")
         handle = register_module_forward_hook(log_activation)
         try:
-            with pytest.raises(UnsupportedError, match=r"got forward hook 'log_activation' "
-                                                       r"\(register_module_forward_hook\) on every module \(global\):"):
+            with pytest.raises(UnsupportedError) as info:
                 _calls(g)
         finally:
             handle.remove()
+        assert str(info.value) == _refusal("log_activation", "every module (global)",
+                                           "global 'LOG' of log_activation (list) was modified in place",
+                                           register="register_module_forward_hook")
+        assert len(LOG) == 3  # the warmup call's, one per module: the capture's were put back
 
-    def test_a_backward_hook_in_a_train_step(self, graph_backend, ones):
+    def test_a_backward_hook_with_a_python_effect_in_a_train_step(self, graph_backend, ones):
         net = _net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        net[1].register_full_backward_hook(lambda module, grad_in, grad_out: None)
+        norms = []
+        net[1].register_full_backward_hook(lambda module, grad_in, grad_out: norms.append(grad_out[0].norm()))
 
         def step(x):
             opt.zero_grad()
@@ -83,17 +200,266 @@ class TestRefusedAtCapture:
 
         g = CudaGraphModule(step, warmup=1, backend=graph_backend)
         g(ones)
-        weight = net[0].weight.detach().clone()
-        with pytest.raises(UnsupportedError, match=r"got backward hook '.*<lambda>' \(register_full_backward_hook\) "
-                                                   r"on closure variable 'net' of .*step\.1:"):
+        with pytest.raises(UnsupportedError) as info:
             g(ones)
-        assert torch.equal(net[0].weight, weight)  # refused before the step ran
+        assert str(info.value).startswith(
+            "CudaGraphModule(step) cannot replay this call as a CUDA graph: expected the Python hooks on the modules "
+            "the graph runs to change no Python state, got backward hook "
+            "'TestRefusedAtCapture.test_a_backward_hook_with_a_python_effect_in_a_train_step.<locals>.<lambda>' "
+            "(register_full_backward_hook) on closure variable 'net' of ")
+        assert "(list) was modified in place. A replay runs no Python" in str(info.value)
+        assert "hook the parameters' gradients (p.register_hook)" in str(info.value)
+        assert len(norms) == 1  # the warmup call's
+
+
+class TestServed:
+    """A hook that only computes tensors, reads Python state or warns is served: values as
+    the plain module's, on a twin with the same hook."""
+
+    @pytest.mark.parametrize("grad", [False, True])
+    def test_a_pre_hook_that_scales_the_input(self, graph_backend, grad):
+        torch.manual_seed(0)
+        net = _net()
+        twin = copy.deepcopy(net)
+        for m in (net, twin):
+            m.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+            m[0].register_forward_hook(lambda module, args, out: out - 1)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.set_grad_enabled(grad):
+            for i in range(4):
+                x = torch.full((2, 3), 0.1 * i)
+                torch.testing.assert_close(g(x), twin(x))
+        assert g.stats.captures == 1 and g.stats.replays == 3
+
+    def test_a_harmless_backward_hook_in_a_train_step(self, graph_backend):
+        torch.manual_seed(0)
+        net = _net()
+        twin = copy.deepcopy(net)
+
+        def make_step(m):
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            m[1].register_full_backward_hook(lambda module, grad_in, grad_out: (grad_in[0] * 0.5,))
+
+            def step(x):
+                opt.zero_grad()
+                loss = m(x).pow(2).sum()
+                loss.backward()
+                opt.step()
+                return loss.detach()
+
+            return step
+
+        g = CudaGraphModule(make_step(net), warmup=1, backend=graph_backend)
+        plain = make_step(twin)
+        for i in range(4):
+            x = torch.full((2, 3), 0.1 * i + 0.2)
+            torch.testing.assert_close(g(x), plain(x))
+            for p, q in zip(net.parameters(), twin.parameters()):
+                torch.testing.assert_close(p, q)
+        assert g.stats.captures == 1
 
     def test_a_backward_hook_is_not_run_without_grad(self):
         net = _net()
         net[0].register_full_backward_hook(lambda module, grad_in, grad_out: None)
         g = CudaGraphModule(net, warmup=1, backend="simulate")
         torch.testing.assert_close(_calls(g)[-1], net(X + 2))
+
+    def test_a_hook_binding_a_tensor_attribute(self, graph_backend):
+        # rebinding an attribute to a tensor is an effect every replay redoes, as for the function
+        torch.manual_seed(0)
+        net = _net()
+        twin = copy.deepcopy(net)
+        for m in (net, twin):
+            m[0].register_forward_hook(lambda module, args, out: setattr(module, "last", out.detach()))
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend, outputs="clone")
+        with torch.no_grad():
+            for i in range(4):
+                x = torch.full((2, 3), 0.1 * i)
+                torch.testing.assert_close(g(x), twin(x))
+                torch.testing.assert_close(net[0].last, twin[0].last)
+        assert g.stats.captures == 1
+
+
+TARGET_NET_WARNING = "No target network updater has been associated with this loss module."
+
+
+def _updater_check_forward_prehook(module, *args, **kwargs):
+    # shaped as TorchRL's LossModule hook: a read of a private dict of flags, and a warning
+    if not all(module._has_update_associated.values()):
+        warnings.warn(module.TARGET_NET_WARNING, category=UserWarning)
+
+
+class LossLike(nn.Module):
+    TARGET_NET_WARNING = TARGET_NET_WARNING
+
+    def __init__(self):
+        super().__init__()
+        self.value = nn.Linear(3, 1)
+        self._has_update_associated = {"value_network": False}
+        self.register_forward_pre_hook(_updater_check_forward_prehook)
+
+    def forward(self, x):
+        return self.value(x).pow(2).mean()
+
+
+def _warned_calls(f, n, x):
+    """Each call's result, and how many target-network warnings it raised."""
+    out, warned = [], []
+    for i in range(n):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out.append(f(x + i))
+        warned.append(sum(TARGET_NET_WARNING in str(w.message) for w in seen))
+    return out, warned
+
+
+class TestAHookThatWarns:
+    """TorchRL's losses warn from a forward pre-hook when no target-network updater was attached."""
+
+    def test_served_the_warning_raised_at_the_eager_calls(self, graph_backend, ones):
+        torch.manual_seed(0)
+        loss = LossLike()
+        twin = copy.deepcopy(loss)
+        g = CudaGraphModule(loss, warmup=2, backend=graph_backend)
+        with torch.no_grad():
+            got, warned = _warned_calls(g, 5, ones)
+            expected, eager_warned = _warned_calls(twin, 5, ones)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b)
+        assert eager_warned == [1] * 5
+        assert warned[:3] == [1, 1, 1]  # two warmup calls and the capture run the hook eagerly
+        if graph_backend == "cuda":  # (a simulated replay re-runs the function, hooks included)
+            assert warned[3:] == [0, 0]
+        assert g.stats.captures == 1 and g.stats.replays == 3
+
+    def test_an_updater_attached_after_the_capture_makes_it_stale(self, graph_backend, ones):
+        loss = LossLike()
+        g = CudaGraphModule(loss, warmup=1, backend=graph_backend)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            _calls(g, x=ones)
+        loss._has_update_associated["value_network"] = True  # what SoftUpdate(loss) does
+        with torch.no_grad(), pytest.raises(StaleGraphError) as info:
+            g(ones)
+        assert info.value.changes == [(
+            "module._has_update_associated (read by module: forward pre-hook '_updater_check_forward_prehook' "
+            "(register_forward_pre_hook))",
+            "{'value_network': False} at capture, {'value_network': True} now (the graph uses "
+            "{'value_network': False})",
+        )]
+
+    def test_recaptured_after_the_updater_is_attached(self, graph_backend, ones):
+        torch.manual_seed(0)
+        loss = LossLike()
+        twin = copy.deepcopy(loss)
+        g = CudaGraphModule(loss, warmup=1, backend=graph_backend, on_stale="recapture")
+        with torch.no_grad():
+            _warned_calls(g, 3, ones)
+            _warned_calls(twin, 3, ones)
+            for m in (loss, twin):
+                m._has_update_associated["value_network"] = True
+            got, warned = _warned_calls(g, 4, ones)
+            expected, eager_warned = _warned_calls(twin, 4, ones)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b)
+        assert warned == eager_warned == [0] * 4
+        assert g.stats.recaptures == 1 and g.stats.captures == 2
+
+    def test_with_the_updater_attached_before_the_first_call(self, graph_backend, ones):
+        # the order of TorchRL's training scripts: loss, updater, then the wrapped update
+        torch.manual_seed(0)
+        loss = LossLike()
+        loss._has_update_associated["value_network"] = True
+        twin = copy.deepcopy(loss)
+        g = CudaGraphModule(loss, warmup=1, backend=graph_backend)
+        for i in range(4):
+            x = ones + i
+            torch.testing.assert_close(g(x), twin(x))
+        assert g.stats.captures == 1 and g.stats.replays == 3
+
+    def test_a_function_that_warns(self, graph_backend, ones):
+        def f(x):
+            warnings.warn(TARGET_NET_WARNING, category=UserWarning)
+            return x * 2
+
+        g = CudaGraphModule(f, warmup=1, backend=graph_backend)
+        got, warned = _warned_calls(g, 4, ones)
+        for i, out in enumerate(got):
+            torch.testing.assert_close(out, (ones + i) * 2)
+        assert warned[:2] == [1, 1]
+        if graph_backend == "cuda":
+            assert warned[2:] == [0, 0]
+        assert g.stats.captures == 1
+
+
+class TestAllowHook:
+    """``allow_hook``: the hook runs at the warmup calls and the capture, not at replays."""
+
+    def test_an_effectful_hook_is_served(self, graph_backend, ones):
+        torch.manual_seed(0)
+        net = _net()
+        twin = copy.deepcopy(net)
+        seen, eager_seen = [], []
+        net[0].register_forward_hook(allow_hook(lambda module, args, out: seen.append(out.shape)))
+        twin[0].register_forward_hook(lambda module, args, out: eager_seen.append(out.shape))
+        g = CudaGraphModule(net, warmup=2, backend=graph_backend)
+        with torch.no_grad():
+            for i in range(3):  # two warmup calls and the capture
+                torch.testing.assert_close(g(ones + i), twin(ones + i))
+            assert seen == eager_seen and g.stats.captures == 1
+            for i in range(3):
+                torch.testing.assert_close(g(ones - i), twin(ones - i))
+        assert g.stats.replays == 4  # (the capturing call's counts)
+        if graph_backend == "cuda":
+            assert len(seen) == 3  # not at replays
+
+    def test_a_counter_on_the_module(self, graph_backend, ones):
+        torch.manual_seed(0)
+        net = _net()
+        net[0].calls = 0
+        twin = copy.deepcopy(net)
+
+        def count(module, args, out):
+            module.calls += 1
+
+        twin[0].register_forward_hook(count)
+        net[0].register_forward_hook(allow_hook(count))
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.no_grad():
+            for i in range(4):
+                torch.testing.assert_close(g(ones + i), twin(ones + i))
+        assert g.stats.captures == 1
+        if graph_backend == "cuda":
+            assert net[0].calls == 2  # the warmup call and the capture
+
+    def test_a_method_is_allowed_for_every_object_of_its_class(self, graph_backend, ones):
+        class Tally:
+            def __init__(self):
+                self.shapes = []
+
+            @allow_hook
+            def hook(self, module, args, out):
+                self.shapes.append(out.shape)
+
+        net = _net()
+        tally = Tally()
+        net[0].register_forward_hook(tally.hook)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        torch.testing.assert_close(_calls(g, x=ones)[-1], net(ones + 2))
+        assert g.stats.captures == 1 and len(tally.shapes) >= 2
+
+    def test_allow_hook_returns_the_hook(self):
+        def hook(module, args):
+            return None
+
+        assert allow_hook(hook) is hook
+
+    def test_what_it_cannot_mark(self):
+        with pytest.raises(TypeError) as info:
+            allow_hook(print)
+        assert str(info.value) == (
+            "allow_hook expected a function, a method or a callable object it can mark, got "
+            "builtin_function_or_method <built-in function print>: wrap it in a function (def hook(*args): ...).")
 
 
 class TestWatchedAfterCapture:
@@ -114,12 +480,26 @@ class TestWatchedAfterCapture:
         torch.testing.assert_close(_calls(g, 1, x=ones)[0], net(ones))
         assert g.stats.replays == replays + 1
 
-    def test_a_hook_added_with_recapture_is_refused_at_the_capture(self):
+    def test_a_harmless_hook_added_with_recapture_is_served(self, graph_backend, ones):
+        torch.manual_seed(0)
+        net = _net()
+        twin = copy.deepcopy(net)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend, on_stale="recapture")
+        _calls(g, x=ones)
+        for m in (net, twin):
+            m.register_forward_pre_hook(lambda module, args: (args[0] + 1,))
+        with torch.no_grad():
+            for i in range(4):
+                torch.testing.assert_close(g(ones + i), twin(ones + i))
+        assert g.stats.recaptures == 1 and g.stats.captures == 2
+
+    def test_an_effectful_hook_added_with_recapture_is_refused_at_the_capture(self):
+        LOG.clear()
         net = _net()
         g = CudaGraphModule(net, warmup=1, backend="simulate", on_stale="recapture")
         _calls(g)
-        net.register_forward_pre_hook(lambda module, args: None)
-        with pytest.raises(UnsupportedError, match="expected no Python hooks"):
+        net[0].register_forward_hook(log_activation)
+        with pytest.raises(UnsupportedError, match="got forward hook 'log_activation'"):
             _calls(g)
 
     def test_a_hook_registered_elsewhere_is_no_change(self):
@@ -131,6 +511,20 @@ class TestWatchedAfterCapture:
         replays = g.stats.replays
         _calls(g)
         assert g.stats.replays == replays + 3
+
+    def test_a_python_value_a_hook_reads(self, graph_backend, ones):
+        net = _net()
+        net[0]._shift = 1.0
+        net[0].register_forward_pre_hook(lambda module, args: (args[0] + module._shift,))
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        torch.testing.assert_close(_calls(g, x=ones)[-1], net(ones + 2))
+        net[0]._shift = 2.0
+        with torch.no_grad(), pytest.raises(StaleGraphError) as info:
+            g(ones)
+        assert info.value.changes == [(
+            "module.0._shift (read by module.0: forward pre-hook "
+            "'TestWatchedAfterCapture.test_a_python_value_a_hook_reads.<locals>.<lambda>' (register_forward_pre_hook))",
+            "1.0 at capture, 2.0 now (the graph uses 1.0)")]
 
     def test_a_pure_hook_removed(self):
         with warnings.catch_warnings():
