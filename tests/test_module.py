@@ -298,13 +298,14 @@ class TestEagerAcceptsWhatGraphsAccept:
         s = g.stats
         assert (g.state, s.recaptures, s.warmup_calls, s.eager_calls) == ("eager", 1, 2, 2)
 
-    def test_a_hook_is_refused_as_on_a_gpu(self):
+    def test_a_hook_that_computes_tensors_is_served_as_on_a_gpu(self):
         lin = nn.Linear(2, 2)
-        lin.register_forward_hook(lambda module, args, out: None)
+        lin.register_forward_hook(lambda module, args, out: out * 2)
         g = CudaGraphModule(lin, warmup=1, backend="eager")
-        g(torch.ones(1, 2))
-        with pytest.raises(UnsupportedError, match="forward hook"):
-            g(torch.ones(1, 2))
+        for i in range(3):
+            x = torch.full((1, 2), float(i))
+            torch.testing.assert_close(g(x), lin(x))
+        assert g.stats.eager_calls == 2
 
     def test_after_a_failed_capture_every_signature_runs_eagerly_within_max_graphs(self):
         # on_capture_failure="eager": no capture is tried again, and signatures are kept as graphs
