@@ -4,8 +4,8 @@ A small network may carry torch's old-style ``weight_norm`` (a pure hook, record
 capture) and, from the start or from a drawn step, Python hooks: a forward hook logging the
 activation into a list the program reads, one that rescales the output, a pre-hook that
 shifts the input; hooks may be removed later. A replay runs no Python: the wrapper must give
-the plain results and the plain log, or refuse (before any effect) while a Python hook is
-on a module the graph runs.
+the plain results and the plain log, serving the hooks that only compute tensors, and refuse
+(its capture's log entry put back) the one that logs.
 """
 
 from hypothesis import strategies as st
