@@ -612,3 +612,54 @@ class TestPureHooks:
                 td = TensorDict(x=ones + i, batch_size=[2])
                 assert sorted(g(td).keys()) == ["x", "y"]
         assert g.stats.captures == 1
+
+
+class QValue(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 1)
+
+    def forward(self, observation, action):
+        return self.linear(torch.cat([observation, action], -1))
+
+
+class TestTorchRL:
+    """A real TorchRL loss (its LossModule registers the warning pre-hook), where TorchRL is installed."""
+
+    def test_sac_loss_served(self, graph_backend):
+        objectives = pytest.importorskip("torchrl.objectives")
+        modules = pytest.importorskip("torchrl.modules")
+        from tensordict.nn import NormalParamExtractor
+
+        def build():
+            torch.manual_seed(0)
+            actor = modules.ProbabilisticActor(
+                TensorDictModule(nn.Sequential(nn.Linear(4, 4), NormalParamExtractor()), in_keys=["observation"],
+                                 out_keys=["loc", "scale"]),
+                in_keys=["loc", "scale"], distribution_class=modules.TanhNormal, return_log_prob=True)
+            qvalue = modules.ValueOperator(QValue(), in_keys=["observation", "action"])
+            loss = objectives.SACLoss(actor, qvalue, num_qvalue_nets=2, target_entropy=-2.0)
+            objectives.SoftUpdate(loss, eps=0.99)  # attached before the first call, as in TorchRL's scripts
+            return loss
+
+        def batch(i):
+            g = torch.Generator(device="cpu").manual_seed(i)
+            obs, action, nxt = (torch.randn(8, k, generator=g) for k in (4, 2, 4))
+            return TensorDict({"observation": obs, "action": action, ("next", "observation"): nxt,
+                               ("next", "reward"): torch.randn(8, 1, generator=g),
+                               ("next", "done"): torch.zeros(8, 1, dtype=torch.bool),
+                               ("next", "terminated"): torch.zeros(8, 1, dtype=torch.bool)}, [8]).to(torch.get_default_device())
+
+        loss, twin = build(), build()
+        g = CudaGraphModule(loss, warmup=2, backend=graph_backend)
+        with torch.no_grad():
+            for i in range(5):
+                torch.manual_seed(100 + i)
+                got = g(batch(i))
+                torch.manual_seed(100 + i)
+                expected = twin(batch(i))
+                assert sorted(got.keys()) == sorted(expected.keys())
+                if graph_backend == "simulate":  # (a CUDA graph draws its own random numbers)
+                    for key in expected.keys():
+                        torch.testing.assert_close(got[key], expected[key], msg=key)
+        assert g.stats.captures == 1
