@@ -644,11 +644,11 @@ class TestTorchRL:
 
         def batch(i):
             g = torch.Generator(device="cpu").manual_seed(i)
-            obs, action, nxt = (torch.randn(8, k, generator=g) for k in (4, 2, 4))
-            return TensorDict({"observation": obs, "action": action, ("next", "observation"): nxt,
-                               ("next", "reward"): torch.randn(8, 1, generator=g),
-                               ("next", "done"): torch.zeros(8, 1, dtype=torch.bool),
-                               ("next", "terminated"): torch.zeros(8, 1, dtype=torch.bool)}, [8]).to(torch.get_default_device())
+            obs, action, nxt, reward = (torch.randn(8, k, generator=g, device="cpu") for k in (4, 2, 4, 1))
+            done = torch.zeros(8, 1, dtype=torch.bool, device="cpu")
+            td = TensorDict({"observation": obs, "action": action, ("next", "observation"): nxt,
+                             ("next", "reward"): reward, ("next", "done"): done, ("next", "terminated"): done}, [8])
+            return td.to(torch.get_default_device())
 
         loss, twin = build(), build()
         g = CudaGraphModule(loss, warmup=2, backend=graph_backend)
