@@ -187,6 +187,20 @@ class TestFunctions:
             SCALE = 2.0
         assert "  global 'SCALE' read by _scaled: 2.0 at capture, 3.0 now (the graph uses 2.0)" in str(info.value)
 
+    def test_an_ordered_dict_read_not_changed_is_served(self):
+        # a dict subclass's entries were compared as fresh (key, value) tuples: always "modified"
+        from collections import OrderedDict
+
+        cfg = OrderedDict(scale=2.0)
+
+        def f(x):
+            return x * cfg["scale"]
+
+        g = CudaGraphModule(f, warmup=1, backend="simulate")
+        for i in range(3):
+            torch.testing.assert_close(g(X + i), (X + i) * 2.0)
+        assert g.stats.captures == 1
+
     def test_equal_scalar_in_a_new_object_is_fine(self):
         alpha = 0.5
 
