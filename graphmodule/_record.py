@@ -7,7 +7,9 @@ The cold path a call takes once per graph:
 2. copy the inputs into static buffers and hand the function fresh containers over them
    (under grad mode, buffers of inputs that require grad require grad too);
 3. snapshot what the function may change (buffers' versions, bytes and layouts, containers,
-   Python state it reads, ``.grad`` and attributes: ``_rebind``), capture, and compare;
+   Python state it reads, ``.grad`` and attributes: ``_rebind``), capture, and compare; the
+   modules' hooks run under a snapshot of their own around each call (``_hooks``), so that
+   what one changes is refused naming it;
 4. turn the output and the effects into recipes; outputs that track gradients get a
    backward graph (a layer, see ``_grad``) unless the function ran backward itself.
 
