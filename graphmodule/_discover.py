@@ -331,9 +331,9 @@ class Discovery:
                 for name in sorted(reads.module):
                     if name in attrs and name != "training":
                         self._bind(attrs, name, attrs[name], f"{where}.{name} (read by {label})", depth)
-                if reads.self is not None:
-                    attrs = vars(reads.self)
-                    for name in sorted(reads.self_names):
+                if reads.bound is not None:
+                    attrs = vars(reads.bound)
+                    for name in sorted(reads.bound_names):
                         if name in attrs:
                             self._bind(attrs, name, attrs[name], f"self.{name} of {label}", depth)
 

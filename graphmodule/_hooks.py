@@ -246,8 +246,8 @@ class Reads(NamedTuple):
     """The attributes a hook's code reads off the module it is given and off its ``self``."""
 
     module: frozenset
-    self: Any  # the object bound as the hook's self (None for a function)
-    self_names: frozenset
+    bound: Any  # the object bound as the hook's self (None for a function)
+    bound_names: frozenset
 
 
 _NO_READS = Reads(frozenset(), None, frozenset())
