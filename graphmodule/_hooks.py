@@ -348,6 +348,7 @@ class HookEffects:
         from ._discover import Discovery, PythonEffects
 
         self.found: list[Found] = []
+        self._same: set[tuple[int, Any]] = set()  # attributes a hook set to the value they held
         self._where = {id(m): where for m, where in modules}
         self._wrapped: list[tuple[dict, Any, Any, Any]] = []  # (hook dict, key, hook, wrapper)
         seen: dict[int, Any] = {}
@@ -374,6 +375,7 @@ class HookEffects:
         changes = python.changed() + state.changed()
         if changes:
             self.found.append(Found(judged, changes))
+        self._same.update(state.same)
         return out
 
     def close(self) -> None:
@@ -406,10 +408,11 @@ class HookEffects:
             )
 
     def excuse(self, python: Any, bindings: Any) -> None:
-        """What allowed hooks changed, taken as the state before the capture by the
-        function's own checks (``python``: its ``PythonEffects``; ``bindings``: its
+        """What allowed hooks changed, and the attributes a hook set to the Python value they
+        held (no effect), taken as the state before the capture by the function's own checks (``python``: its ``PythonEffects``; ``bindings``: its
         ``_rebind.Bindings``, whose ``before`` copies the dicts it compares)."""
         places = {(id(c.place), c.key) for f in self.found if allowed(f.judged.hook) for c in f.changes}
+        places |= self._same
         if not places:
             return
         python.excuse(places)
@@ -429,12 +432,14 @@ class _DictsState:
     def __init__(self, dicts: list[tuple[dict, str]]):
         from ._discover import _shallow
 
+        self.same: list[tuple[int, Any]] = []  # places rebound to an equal Python value
         unique = list({id(d): (d, label) for d, label in dicts}.values())
         self.dicts = [(d, label, dict(d), {k: _shallow(v) for k, v in d.items() if isinstance(v, _CONTAINERS)})
                       for d, label in unique]
 
     def changed(self) -> list:
         from ._discover import _EMPTY, _SCALARS, Change, _put, _same_shallow, _shallow, _show, refill
+        from ._spec import same_constant
 
         out = []
         for d, label, items, shallows in self.dicts:
@@ -446,6 +451,9 @@ class _DictsState:
                 if now is _EMPTY and was is not _EMPTY:
                     out.append(Change(d, key, f"{where} was deleted", functools.partial(_put, d, key, was)))
                 elif now is not was and isinstance(now, _SCALARS) and now is not None:
+                    if isinstance(was, _SCALARS) and same_constant(now, was):
+                        self.same.append((id(d), key))  # (the value it held: no effect to skip)
+                        continue
                     out.append(Change(d, key, f"{where} was rebound ({_show(was)} → {now!r})",
                                       functools.partial(_put, d, key, was)))
                 elif now is was and key in shallows and not _same_shallow(shallows[key], _shallow(now)):

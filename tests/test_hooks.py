@@ -276,6 +276,19 @@ class TestServed:
         g = CudaGraphModule(net, warmup=1, backend="simulate")
         torch.testing.assert_close(_calls(g)[-1], net(X + 2))
 
+    def test_a_hook_setting_an_attribute_to_the_value_it_holds(self, graph_backend, ones):
+        # eagerly a no-op after the first call, which a replay may skip
+        net = _net()
+        net[0].batch = 0.0
+
+        def note_batch(module, args):
+            module.batch = float(args[0].shape[0])  # a new float object at each call
+
+        net[0].register_forward_pre_hook(note_batch)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        torch.testing.assert_close(_calls(g, x=ones)[-1], net(ones + 2))
+        assert g.stats.captures == 1 and net[0].batch == 2.0
+
     def test_a_hook_binding_a_tensor_attribute(self, graph_backend):
         # rebinding an attribute to a tensor is an effect every replay redoes, as for the function
         torch.manual_seed(0)
