@@ -409,8 +409,9 @@ class HookEffects:
 
     def excuse(self, python: Any, bindings: Any) -> None:
         """What allowed hooks changed, and the attributes a hook set to the Python value they
-        held (no effect), taken as the state before the capture by the function's own checks (``python``: its ``PythonEffects``; ``bindings``: its
-        ``_rebind.Bindings``, whose ``before`` copies the dicts it compares)."""
+        held (no effect), taken as the state before the capture by the function's own checks
+        (``python``: its ``PythonEffects``; ``bindings``: its ``_rebind.Bindings``, whose
+        ``before`` copies the dicts it compares)."""
         places = {(id(c.place), c.key) for f in self.found if allowed(f.judged.hook) for c in f.changes}
         places |= self._same
         if not places:

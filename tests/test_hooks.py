@@ -121,7 +121,8 @@ def _a_count_on_the_methods_self(net):
     return counter.__dict__, ("Counter.hook", "self.count was rebound (1 → 2)")
 
 
-EFFECTS = [_a_count_on_the_methods_self, _appends, _sets_an_attribute, _counts, _stores_an_activation, _a_method_on_an_object]
+EFFECTS = [_a_count_on_the_methods_self, _appends, _sets_an_attribute, _counts, _stores_an_activation,
+           _a_method_on_an_object]
 
 
 def _state(found):
