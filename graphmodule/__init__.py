@@ -34,6 +34,8 @@ Modules, one concept each:
   (``_dictwatch``: the dict watchers that let it skip what did not change).
 - ``_hooks``: module hooks, whose Python a replay would not run: refused at capture, watched after.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
+- ``_optim``: optimizers the function steps, made capturable before their first step (as
+  torch.compile does) where exact; the cause and the fix where not.
 - ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode: part of the signature.
 - ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
   three runners (CUDA, simulated on any device, eager).
