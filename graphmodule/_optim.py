@@ -53,7 +53,7 @@ class Verdict(enum.Enum):
     SWITCH = "capturable=True is set on its param groups"
     CAPTURABLE = "capturable already"
     NO_FLAG = "its class has no capturable flag (SGD steps in a graph as it is)"
-    STEPPED = "it stepped before: its step counts are on the host"
+    STEPPED = "it has state (a step, load_state_dict): its step counts are on the host"
     OFF_DEVICE = "a parameter is not on the graph's device"
     NO_GRAPH = "the wrapper captures no CUDA graph (simulated, eager, no CUDA)"
 
@@ -83,10 +83,10 @@ def verdict(found: Facts, device: torch.device | None) -> Verdict:
         return Verdict.NO_FLAG
     if all(found.flags):
         return Verdict.CAPTURABLE
+    if not found.devices <= {device}:  # (first: its steps are not the graph's, stepped or not)
+        return Verdict.OFF_DEVICE
     if found.stepped:
         return Verdict.STEPPED
-    if not found.devices <= {device}:
-        return Verdict.OFF_DEVICE
     return Verdict.SWITCH
 
 
@@ -155,7 +155,8 @@ def explain(err: CaptureError, found: Discovery, device: torch.device | None) ->
             continue
         got = f"{type(opt).__name__} with capturable=False"
         if why is Verdict.STEPPED:
-            got += " that stepped before the wrapper's first call (its step counts are on the host)"
+            got += (" with state from before the wrapper's first call (a step or load_state_dict: its step counts "
+                    "are on the host)")
             fix = ("create it with capturable=True, or before the first call set capturable=True in each of "
                    "its param_groups and reload its state (opt.load_state_dict(opt.state_dict()) moves its "
                    "step counts to the GPU)")

@@ -24,11 +24,12 @@ import re
 import pytest
 import torch
 from torch import nn
+from torch.optim import optimizer as torch_optimizer
 
 from graphmodule import CaptureError, CudaGraphModule
 from graphmodule._diagnose import diagnose
 from graphmodule._discover import Discovery
-from graphmodule._optim import Facts, Verdict, explain, facts, verdict
+from graphmodule._optim import Facts, Verdict, explain, facts, stepping_capturable, verdict
 
 CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -80,10 +81,11 @@ class TestVerdict:
         (Facts((False,), True, frozenset({CUDA0})), CUDA0, Verdict.STEPPED),
         (Facts((False,), False, frozenset({CUDA0, CPU})), CUDA0, Verdict.OFF_DEVICE),
         (Facts((False,), False, frozenset({torch.device("cuda", 1)})), CUDA0, Verdict.OFF_DEVICE),
+        (Facts((False,), True, frozenset({CPU})), CUDA0, Verdict.OFF_DEVICE),
         (Facts((False,), False, frozenset({CPU})), None, Verdict.NO_GRAPH),
         (Facts((False,), False, frozenset({CPU})), CPU, Verdict.NO_GRAPH),
     ], ids=["plain", "one-group-plain", "no-params", "capturable", "capturable-stepped", "sgd", "stepped",
-            "a-param-on-cpu", "other-gpu", "no-graph", "cpu-device"])
+            "a-param-on-cpu", "other-gpu", "cpu-stepped", "no-graph", "cpu-device"])
     def test_verdict(self, found, device, expected):
         assert verdict(found, device) is expected
 
@@ -109,23 +111,28 @@ class TestExplain:
     _REFUSED = RuntimeError("Attempting CUDA graph capture of step() for an instance of Adam but param_groups' "
                             "capturable is False.")
 
-    def test_an_optimizer_that_stepped_before(self):
-        net = _net()
+    @pytest.mark.cuda
+    def test_an_optimizer_that_stepped_before(self, cuda):
+        net = _net().to(cuda)
         opt = torch.optim.Adam(net.parameters(), lr=1e-2)
         step = _train_step(net, opt)
-        step(*_batch(0))
-        err = explain(diagnose("CudaGraphModule(step)", self._REFUSED), Discovery(step), CUDA0)
+        step(*(t.to(cuda) for t in _batch(0)))
+        err = explain(diagnose("CudaGraphModule(step)", self._REFUSED), Discovery(step), cuda)
         assert err.cause == "optimizer-not-capturable"
         assert err.hint == (
-            "expected a capturable optimizer, got Adam with capturable=False that stepped before the wrapper's "
-            "first call (its step counts are on the host) at closure variable 'opt' of _train_step.<locals>.step; "
+            "expected a capturable optimizer, got Adam with capturable=False with state from before the wrapper's "
+            "first call (a step or load_state_dict: its step counts are on the host) at closure variable 'opt' of "
+            "_train_step.<locals>.step; "
             "do: create it with capturable=True, or before the first call set capturable=True in each of its "
             "param_groups and reload its state (opt.load_state_dict(opt.state_dict()) moves its step counts "
             "to the GPU).")
 
-    def test_an_optimizer_with_parameters_elsewhere(self):
+    @pytest.mark.parametrize("stepped", [False, True])
+    def test_an_optimizer_with_parameters_elsewhere(self, stepped):
         net = _net()
         step = _train_step(net, torch.optim.Adam(net.parameters(), lr=1e-2))
+        if stepped:  # (as a warmup call leaves it: not switched, it stepped on the CPU)
+            step(*_batch(0))
         err = explain(diagnose("CudaGraphModule(step)", self._REFUSED), Discovery(step), CUDA0)
         assert err.hint == (
             "expected a capturable optimizer, got Adam with capturable=False with parameters on cpu (the graph "
@@ -139,6 +146,25 @@ class TestExplain:
         assert explain(refused, Discovery(step), CUDA0) is refused  # (SGD has no flag: not the one)
         other = diagnose("CudaGraphModule(step)", RuntimeError("operation not permitted when stream is capturing"))
         assert explain(other, Discovery(step), CUDA0) is other
+
+
+def test_the_step_hook_lives_for_the_warmup_call_only():
+    hooks = torch_optimizer._global_optimizer_pre_hooks
+    before = dict(hooks)
+    net = _net()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    step = _train_step(net, opt)
+    seen = []
+
+    def body():
+        seen.append(len(hooks) - len(before))
+        step(*_batch(0))
+        raise KeyError("the function's own error")
+
+    with pytest.raises(KeyError, match="the function's own error"):
+        stepping_capturable("CudaGraphModule(step)", step, CUDA0, body)
+    assert seen == [1] and dict(hooks) == before  # (removed though the call raised)
+    assert opt.param_groups[0]["capturable"] is False  # (its parameters are on the CPU)
 
 
 def _runs(graph_backend, make_opt, seed=0):
@@ -257,8 +283,8 @@ def test_an_optimizer_that_stepped_before_is_refused_with_the_fix(cuda):
     assert info.value.cause == "optimizer-not-capturable"
     assert str(info.value).splitlines()[1] == (
         "Likely cause (optimizer-not-capturable): expected a capturable optimizer, got Adam with capturable=False "
-        "that stepped before the wrapper's first call (its step counts are on the host) at closure variable "
-        "'opt' of _train_step.<locals>.step; do: create it with capturable=True, or before the first call set "
+        "with state from before the wrapper's first call (a step or load_state_dict: its step counts are on the "
+        "host) at closure variable 'opt' of _train_step.<locals>.step; do: create it with capturable=True, or before the first call set "
         "capturable=True in each of its param_groups and reload its state (opt.load_state_dict(opt.state_dict()) "
         "moves its step counts to the GPU).")
     # the advice, followed, on both: the graph steps as the eager capturable optimizer does
