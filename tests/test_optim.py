@@ -13,9 +13,9 @@ The tolerance against a ``capturable=False`` eager run: capturable Adam computes
 corrections as float32 tensors on the GPU (``1 - beta1 ** step`` on the step count), the
 plain one in Python floats from the count read on the host, and orders the division
 otherwise. The parameters differ in the last bits: a few units of float32 rounding per step,
-some 3e-8 absolute after 50 steps of lr 1e-2 on the networks below; 1e-6 absolute
-(plus 1e-5 relative) after 20 steps leaves a wide margin and still fails for a step that is
-wrong (an update of lr is 1e-2).
+about 1e-7 absolute after 20 to 50 steps of lr 1e-2 on networks like the one below; 1e-6
+absolute (plus 1e-5 relative) after 20 steps leaves a margin of some ten times and still fails
+for a step that is wrong (one update moves a parameter by about lr, 1e-2).
 """
 
 import copy
