@@ -35,6 +35,8 @@ Modules, one concept each:
 - ``_hooks``: module hooks, whose Python a replay would not run: judged at capture by what
   they do (served, or refused naming the hook), watched after; ``allow_hook``.
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
+- ``_optim``: optimizers the function steps, made capturable before their first step (as
+  torch.compile does) where exact; the cause and the fix where not.
 - ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode: part of the signature.
 - ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
   three runners (CUDA, simulated on any device, eager).

@@ -164,7 +164,7 @@ class Discovery:
         known: the ids of every object found.
         dicts: ``(dict, place)`` of the modules' ``__dict__`` and ``_buffers`` and the plain
             objects' ``__dict__`` found: attributes a function may rebind (``_rebind``).
-        optimizers: the optimizers found.
+        optimizers: the optimizers found; ``optimizer_places``: where each was found.
         compiled: whether ``torch.compile``'d code was found.
 
     ``skip``: places ``(id(container), key)`` not to watch (what the function rebinds at
@@ -177,6 +177,7 @@ class Discovery:
         self._backward_hooks = backward_hooks  # walk the modules' backward hooks too
         self.dicts: list[tuple[dict, str]] = []
         self.optimizers: list[torch.optim.Optimizer] = []
+        self.optimizer_places: list[str] = []
         self.compiled = False
         self.externals: dict[int, torch.Tensor] = {}
         self._t: tuple[list, list, list, list] = ([], [], [], [])  # containers, keys, ptrs, labels
@@ -339,6 +340,7 @@ class Discovery:
 
     def _optimizer(self, opt: torch.optim.Optimizer, label: str, depth: int) -> None:
         self.optimizers.append(opt)
+        self.optimizer_places.append(label)
         label = f"{label} ({type(opt).__name__})"
         attrs = opt.__dict__
         self._instance_dicts.add(id(attrs))

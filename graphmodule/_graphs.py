@@ -26,6 +26,7 @@ from ._hooks import detach_hook_weights
 from ._index import CallIndex
 from ._inputs import StaticInputs
 from ._mode import check_capture
+from ._optim import stepping_capturable
 from ._outputsets import OutputSets
 from ._record import CallRead, leaf_keys, read_call, record
 from ._runners import Runner
@@ -144,7 +145,9 @@ class Graphs:
         """A warmup call, run eagerly; ``first``: of the wrapper's first signature (its result
         tells the capture what the eager call returns)."""
         _untie_hook_weights(self.module)
-        out = self.runner.run_eager(lambda: self.module(*args, **kwargs))
+        # the optimizers it steps made capturable before their first step, where exact (_optim)
+        out = stepping_capturable(self.owner, self.module, self.runner.device,
+                                  lambda: self.runner.run_eager(lambda: self.module(*args, **kwargs)))
         self.layer_hint = tracks_grad(out)
         if first:
             if self.returned_input is None and self.in_keys is not None and args:  # (a TensorDict module)

@@ -37,6 +37,7 @@ from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import mismatch_error
 from ._graphs import NOT_RUN, Graphs
+from ._optim import explain as explain_optimizers
 from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
@@ -321,6 +322,7 @@ class CudaGraphModule(WrapperSurface):
             entry = self._graphs.capture(call, mode)
         except CaptureError as err:
             err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
+            err = explain_optimizers(err, watch, self.device)  # which optimizer, and why (_optim)
             if err.cause != USER_ERROR:
                 return self._capture_failed(err, call, mode, reader, watch)
             # The function raised while it was captured, with no sign of the capture being to

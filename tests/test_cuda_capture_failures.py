@@ -59,8 +59,9 @@ def test_optimizer_without_capturable_is_named(cuda):
         net(x).pow(2).mean().backward()
         opt.step()
 
-    g = CudaGraphModule(step, warmup=2)
     x = torch.randn(8, 4, device=cuda)
+    step(x)  # stepped before the wrapper: its step counts are on the host, so it is not made capturable
+    g = CudaGraphModule(step, warmup=2)
     g(x)
     g(x)
     with pytest.raises(CaptureError) as info:

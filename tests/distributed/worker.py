@@ -51,7 +51,7 @@ CASES = {
     "find-unused": {"static_graph": False, "find_unused_parameters": True},
     "find-unused-static": {"find_unused_parameters": True},
     "default-stream": {"side_stream": False},
-    "adam": {"capturable": False},
+    "adam": {"capturable": False},  # made capturable by the wrapper
     "gloo": {"gloo": True},
     "fsdp-warmup1": {"fsdp": True, "warmup": 1},
     "fsdp-warmup2": {"fsdp": True, "warmup": 2},
@@ -120,10 +120,12 @@ def rule_pair(setup, warmup=11, static_graph=True, find_unused_parameters=False,
 
     net = mlp(WIDTH, DEPTH, setup.device)
     graphed_model, eager_model = build(copy.deepcopy(net)), build(net)
-    capturable = capturable and setup.device.type == "cuda"
-    graphed = CudaGraphModule(train_step(graphed_model, setup.device, capturable), warmup=warmup,
+    on_gpu = setup.device.type == "cuda"
+    graphed = CudaGraphModule(train_step(graphed_model, setup.device, capturable and on_gpu), warmup=warmup,
                               backend=setup.graph_backend)
-    return Pair(graphed, train_step(eager_model, setup.device, capturable), graphed_model, eager_model)
+    # a plain Adam that the graphed step steps is made capturable before its first step
+    # (graphmodule._optim): the eager twin's is capturable, as it then is
+    return Pair(graphed, train_step(eager_model, setup.device, on_gpu), graphed_model, eager_model)
 
 
 def rule(cases: list[str]) -> None:
