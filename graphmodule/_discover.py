@@ -27,8 +27,9 @@ import dis
 import functools
 import reprlib
 import types
-from operator import getitem
-from typing import Any, Callable
+from collections import defaultdict
+from operator import getitem, is_
+from typing import Any, Callable, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -355,10 +356,43 @@ class Discovery:
         """``(place, tensor)`` of every tensor found (a parameter also under its optimizer)."""
         return list(zip(self._t[3], self._tensors))
 
-def _shallow(value: Any) -> Any:
-    if isinstance(value, (list, dict, set)):
-        return (type(value), list(value.items()) if isinstance(value, dict) else list(value))
-    return None
+class _Shallow(NamedTuple):
+    """What a list, set or dict (of any dict type: ``OrderedDict``, ``defaultdict``, a
+    subclass) held at one moment: a dict's keys in order, and the objects held."""
+
+    kind: type
+    keys: list | None  # None for a list or set
+    items: list
+
+    @classmethod
+    def of(cls, value: Any) -> _Shallow | None:
+        if isinstance(value, dict):
+            return cls(type(value), list(value), list(value.values()))
+        if isinstance(value, (list, set)):
+            return cls(type(value), None, list(value))
+        return None
+
+    def same(self, now: _Shallow) -> bool:
+        return (self.kind is now.kind and self.keys == now.keys and len(self.items) == len(now.items)
+                and all(map(is_, self.items, now.items)))
+
+
+def _defaults_inserted(value: Any, before: _Shallow, now: _Shallow) -> bool:
+    """Whether ``value`` is a ``defaultdict`` that only gained keys filled by its default (a
+    read of a missing key, ``counts[k]`` of a ``defaultdict(float)``). Eagerly the first call
+    that reads such a key inserts it and later calls change nothing: the capturing call's
+    insertion is that first one, and a replay, like eager, inserts nothing more."""
+    if not isinstance(value, defaultdict) or value.default_factory is None or before.keys is None:
+        return False
+    n = len(before.keys)
+    if len(now.keys) == n or now.keys[:n] != before.keys or not all(map(is_, now.items[:n], before.items)):
+        return False
+    try:
+        default = value.default_factory()
+    except Exception:  # noqa: BLE001 - a factory that needs more than a call: not a default
+        return False
+    # (a scalar default only: a new list or tensor could be filled or written afterwards)
+    return isinstance(default, _SCALARS) and all(same_constant(v, default) for v in now.items[n:])
 
 
 class PythonEffects:
@@ -366,7 +400,10 @@ class PythonEffects:
 
     A replay runs no Python, so ``nonlocal step; step += 1`` or ``losses.append(...)`` in
     the function would happen once, at capture, instead of at every call. Snapshot
-    before the capture, :meth:`changes` after it.
+    before the capture, :meth:`changes` after it. A dict of any type (``OrderedDict``,
+    ``defaultdict``, a subclass) counts as changed when its keys or the objects it holds
+    are not those it held; a ``defaultdict`` that only gained keys its scalar default filled
+    did what eager's first call reading them does, and no later call does more.
     """
 
     def __init__(self, functions: list[tuple[Callable, str]]):
@@ -374,12 +411,13 @@ class PythonEffects:
         for fn, name in functions:
             for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
                 value = cell.cell_contents if _filled(cell) else _EMPTY
-                self.before.append((_Cell(cell), None, f"closure variable {var!r} of {name}", value, _shallow(value)))
+                self.before.append((_Cell(cell), None, f"closure variable {var!r} of {name}", value,
+                                    _Shallow.of(value)))
             globs = fn.__globals__
             for var in _global_names(fn.__code__):
                 value = globs.get(var, _EMPTY)
                 if not isinstance(value, (types.ModuleType, type)):
-                    self.before.append((globs, var, f"global {var!r} of {name}", value, _shallow(value)))
+                    self.before.append((globs, var, f"global {var!r} of {name}", value, _Shallow.of(value)))
 
     def changes(self) -> list[str]:
         out = []
@@ -390,22 +428,11 @@ class PythonEffects:
                 now = _EMPTY
             if now is not value and not (isinstance(now, _SCALARS) and same_constant(now, value)):
                 out.append(f"{label} was rebound ({_show(value)} → {_show(now)})")
-            elif shallow is not None and _shallow(now) is not None and not _same_shallow(shallow, _shallow(now)):
-                out.append(f"{label} ({type(value).__name__}) was modified in place")
+            elif shallow is not None:
+                after = _Shallow.of(now)
+                if not shallow.same(after) and not _defaults_inserted(now, shallow, after):
+                    out.append(f"{label} ({type(value).__name__}) was modified in place")
         return out
-
-
-def _same_shallow(a: Any, b: Any) -> bool:
-    (ta, ia), (tb, ib) = a, b
-    if ta is not tb or len(ia) != len(ib):
-        return False
-    for x, y in zip(ia, ib):
-        if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == 2 and ta is dict:
-            if x[0] != y[0] or x[1] is not y[1]:
-                return False
-        elif x is not y:
-            return False
-    return True
 
 
 def _filled(cell: Any) -> bool:
