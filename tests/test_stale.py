@@ -546,6 +546,25 @@ class TestDictTypes:
             torch.testing.assert_close(g(x), plain(x))
         assert g.stats.recaptures > 0
 
+    def test_a_replaced_tensor_makes_the_graph_stale(self, kind, graph_backend):
+        # a tensor entry is read by address; its dict may be watched (dict watchers) or read
+        cfg = DICT_TYPES[kind]()
+        cfg["w"] = torch.ones(3)
+
+        def f(x):
+            return x * cfg["w"]
+
+        g = CudaGraphModule(f, warmup=1, backend=graph_backend)
+        for _ in range(3):
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), x * cfg["w"])
+        cfg["w"] = torch.full((3,), 2.0)
+        with pytest.raises(StaleGraphError) as info:
+            g(torch.ones(2, 3))
+        assert str(info.value).splitlines()[1] == (
+            "  closure variable 'cfg' of TestDictTypes.test_a_replaced_tensor_makes_the_graph_stale.<locals>.f"
+            "['w']: another tensor (the graph reads the old one's memory)")
+
     def test_a_write_is_refused_as_for_a_plain_dict(self, kind, graph_backend):
         cfg, twin, g, plain = self._pair(kind, make_fn=_logs_into, backend=graph_backend)
         x = torch.ones(2, 3)
