@@ -578,6 +578,39 @@ class TestDictTypes:
             f"({type(cfg).__name__}) was modified in place.")
 
 
+OD_CFG, DD_CFG, SUB_CFG = OrderedDict(scale=2.0), defaultdict(float, scale=2.0), Cfg(scale=2.0)
+
+
+def _uses_od_cfg(x):
+    return x * OD_CFG["scale"]
+
+
+def _uses_dd_cfg(x):
+    return x * DD_CFG["scale"]
+
+
+def _uses_sub_cfg(x):
+    return x * SUB_CFG["scale"]
+
+
+@pytest.mark.parametrize("fn, cfg", [(_uses_od_cfg, OD_CFG), (_uses_dd_cfg, DD_CFG), (_uses_sub_cfg, SUB_CFG)],
+                         ids=["OrderedDict", "defaultdict", "subclass"])
+def test_a_global_config_of_a_dict_type(fn, cfg, graph_backend):
+    g = CudaGraphModule(fn, warmup=2, backend=graph_backend)
+    try:
+        for _ in range(4):
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), fn(x))
+        assert g.stats.captures == 1
+        cfg["scale"] = 3.0
+        with pytest.raises(StaleGraphError) as info:
+            g(x)
+        assert str(info.value).splitlines()[1] == (
+            f"  global '{fn.__code__.co_names[0]}' read by {fn.__name__}: {{'scale': 2.0}} at capture, "
+            "{'scale': 3.0} now (the graph uses {'scale': 2.0})")
+    finally:
+        cfg["scale"] = 2.0
+
 class TestDefaultdictMissingKeys:
     """A ``defaultdict`` read at a key it lacks inserts it: eagerly at the first call that reads
     it, then never again. The wrapper inserts it at the same call (a warmup call, or the
