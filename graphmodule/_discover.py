@@ -30,7 +30,8 @@ import dis
 import functools
 import reprlib
 import types
-from operator import getitem
+from collections import defaultdict
+from operator import getitem, is_
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -393,10 +394,43 @@ class Discovery:
         """``(place, tensor)`` of every tensor found (a parameter also under its optimizer)."""
         return list(zip(self._t[3], self._tensors))
 
-def _shallow(value: Any) -> Any:
-    if isinstance(value, (list, dict, set)):
-        return (type(value), list(value.items()) if isinstance(value, dict) else list(value))
-    return None
+class _Shallow(NamedTuple):
+    """What a list, set or dict (of any dict type: ``OrderedDict``, ``defaultdict``, a
+    subclass) held at one moment: a dict's keys in order, and the objects held."""
+
+    kind: type
+    keys: list | None  # None for a list or set
+    items: list
+
+    @classmethod
+    def of(cls, value: Any) -> _Shallow | None:
+        if isinstance(value, dict):
+            return cls(type(value), list(value), list(value.values()))
+        if isinstance(value, (list, set)):
+            return cls(type(value), None, list(value))
+        return None
+
+    def same(self, now: _Shallow) -> bool:
+        return (self.kind is now.kind and self.keys == now.keys and len(self.items) == len(now.items)
+                and all(map(is_, self.items, now.items)))
+
+
+def _defaults_inserted(value: Any, before: _Shallow, now: _Shallow) -> bool:
+    """Whether ``value`` is a ``defaultdict`` that only gained keys filled by its default (a
+    read of a missing key, ``counts[k]`` of a ``defaultdict(float)``). Eagerly the first call
+    that reads such a key inserts it and later calls change nothing: the capturing call's
+    insertion is that first one, and a replay, like eager, inserts nothing more."""
+    if not isinstance(value, defaultdict) or value.default_factory is None or before.keys is None:
+        return False
+    n = len(before.keys)
+    if len(now.keys) == n or now.keys[:n] != before.keys or not all(map(is_, now.items[:n], before.items)):
+        return False
+    try:
+        default = value.default_factory()
+    except Exception:  # noqa: BLE001 - a factory that needs more than a call: not a default
+        return False
+    # (a scalar default only: a new list or tensor could be filled or written afterwards)
+    return isinstance(default, _SCALARS) and all(same_constant(v, default) for v in now.items[n:])
 
 
 class Change(NamedTuple):
@@ -414,7 +448,7 @@ class _Before(NamedTuple):
     key: Any
     label: str
     value: Any
-    shallow: Any  # the entries of a list, dict or set (see _shallow), else None
+    shallow: Any  # the entries of a list, dict or set (a _Shallow), else None
 
 
 def _python_places(functions: list[tuple[Callable, str]]) -> list[tuple[Any, Any, str]]:
@@ -435,12 +469,15 @@ class PythonEffects:
     A replay runs no Python, so ``nonlocal step; step += 1`` or ``losses.append(...)`` in
     the function would happen once, at capture, instead of at every call. Snapshot
     before the capture, :meth:`changes` after it. ``places``: those of another snapshot
-    (:meth:`again`), not found again.
+    (:meth:`again`), not found again. A dict of any type (``OrderedDict``, ``defaultdict``, a
+    subclass) counts as changed when its keys or the objects it holds are not those it held;
+    a ``defaultdict`` that only gained keys its scalar default filled did what eager's first
+    call reading them does, and no later call does more.
     """
 
     def __init__(self, functions: list[tuple[Callable, str]] = (), places: list | None = None):
         self.places = places if places is not None else _python_places(list(functions))
-        self.before = [_Before(c, k, label, value, _shallow(value))
+        self.before = [_Before(c, k, label, value, _Shallow.of(value))
                        for c, k, label in self.places for value in (_read(c, k),)]
 
     def again(self) -> PythonEffects:
@@ -458,9 +495,11 @@ class PythonEffects:
             if now is not b.value and not (isinstance(now, _SCALARS) and same_constant(now, b.value)):
                 out.append(Change(place, b.key, f"{b.label} was rebound ({_show(b.value)} → {_show(now)})",
                                   functools.partial(_put, b.container, b.key, b.value)))
-            elif b.shallow is not None and _shallow(now) is not None and not _same_shallow(b.shallow, _shallow(now)):
-                out.append(Change(place, b.key, f"{b.label} ({type(b.value).__name__}) was modified in place",
-                                  functools.partial(refill, now, b.shallow)))
+            elif b.shallow is not None:
+                after = _Shallow.of(now)
+                if not _same_shallow(b.shallow, after) and not _defaults_inserted(now, b.shallow, after):
+                    out.append(Change(place, b.key, f"{b.label} ({type(b.value).__name__}) was modified in place",
+                                      functools.partial(refill, now, b.shallow)))
         return out
 
     def excuse(self, places: set[tuple[int, Any]]) -> None:
@@ -470,7 +509,7 @@ class PythonEffects:
             place = b.container.cell if isinstance(b.container, _Cell) else b.container
             if (id(place), b.key) in places:
                 now = _read(b.container, b.key)
-                self.before[i] = b._replace(value=now, shallow=_shallow(now))
+                self.before[i] = b._replace(value=now, shallow=_Shallow.of(now))
 
 
 def _read(container: Any, key: Any) -> Any:
@@ -487,26 +526,20 @@ def _put(container: Any, key: Any, value: Any) -> None:
         container[key] = value
 
 
-def refill(obj: Any, shallow: Any) -> None:
-    """Put the entries a :func:`_shallow` snapshot saw back into ``obj`` (a list, dict or set)."""
-    _, items = shallow
+def refill(obj: Any, shallow: _Shallow) -> None:
+    """Put the entries a :class:`_Shallow` snapshot saw back into ``obj`` (a list, dict or set)."""
     if isinstance(obj, list):
-        obj[:] = items
+        obj[:] = shallow.items
+    elif isinstance(obj, dict):
+        obj.clear()
+        obj.update(zip(shallow.keys, shallow.items))
     else:
         obj.clear()
-        obj.update(items)
+        obj.update(shallow.items)
 
 
-def _same_shallow(a: Any, b: Any) -> bool:
-    (ta, ia), (tb, ib) = a, b
-    if ta is not tb or len(ia) != len(ib):
-        return False
-    for x, y in zip(ia, ib):
-        if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == 2 and issubclass(ta, dict):
-            if x[0] != y[0] or x[1] is not y[1]:
-                return False
-        elif x is not y:
-            return False
+def _same_shallow(a: _Shallow, b: _Shallow | None) -> bool:
+    return b is not None and a.same(b)
     return True
 
 

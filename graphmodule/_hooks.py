@@ -431,15 +431,15 @@ class _DictsState:
     hook's call; :meth:`changed`: what the call changed that a replay would skip."""
 
     def __init__(self, dicts: list[tuple[dict, str]]):
-        from ._discover import _shallow
+        from ._discover import _Shallow
 
         self.same: list[tuple[int, Any]] = []  # places rebound to an equal Python value
         unique = list({id(d): (d, label) for d, label in dicts}.values())
-        self.dicts = [(d, label, dict(d), {k: _shallow(v) for k, v in d.items() if isinstance(v, _CONTAINERS)})
+        self.dicts = [(d, label, dict(d), {k: _Shallow.of(v) for k, v in d.items() if isinstance(v, _CONTAINERS)})
                       for d, label in unique]
 
     def changed(self) -> list:
-        from ._discover import _EMPTY, _SCALARS, Change, _put, _same_shallow, _shallow, _show, refill
+        from ._discover import _EMPTY, _SCALARS, Change, _put, _same_shallow, _Shallow, _show, refill
         from ._spec import same_constant
 
         out = []
@@ -457,7 +457,7 @@ class _DictsState:
                         continue
                     out.append(Change(d, key, f"{where} was rebound ({_show(was)} → {now!r})",
                                       functools.partial(_put, d, key, was)))
-                elif now is was and key in shallows and not _same_shallow(shallows[key], _shallow(now)):
+                elif now is was and key in shallows and not _same_shallow(shallows[key], _Shallow.of(now)):
                     out.append(Change(d, key, f"{where} ({type(now).__name__}) was modified in place",
                                       functools.partial(refill, now, shallows[key])))
         return out

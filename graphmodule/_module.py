@@ -194,6 +194,10 @@ class CudaGraphModule(WrapperSurface):
             self._reset_state()
 
     # -- calls -------------------------------------------------------------------------
+    # torch.compile around a wrapper (or around code that calls one) must not trace its
+    # bookkeeping: dynamo breaks the graph at the call and runs it, and what it calls, eagerly
+    # (a torch.compile'd function inside still compiles)
+    @torch.compiler.disable
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path, in this one frame: whether the most recent graph replays the call
         # (decide), then its replay (Entry.replay); anything else goes to _slow.

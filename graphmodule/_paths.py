@@ -63,12 +63,13 @@ def describe(value: Any) -> str:
     return text if len(text) <= 60 else f"a {type(value).__name__}"
 
 
-_OWN = (os.sep + "graphmodule" + os.sep, os.sep + "tensordict" + os.sep)
+# (and torch.compiler.disable's wrapper around the wrapper's __call__, in torch/_dynamo)
+_OWN = (os.sep + "graphmodule" + os.sep, os.sep + "tensordict" + os.sep, os.sep + os.path.join("torch", "_dynamo", ""))
 
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the user's line: the first frame outside
-    graphmodule and tensordict (whose ``dispatch`` may sit between), counted from the caller."""
+    graphmodule, tensordict (whose ``dispatch`` may sit between) and dynamo, counted from the caller."""
     frame, level = sys._getframe(1), 1
     while frame is not None and any(part in frame.f_code.co_filename for part in _OWN):
         frame, level = frame.f_back, level + 1

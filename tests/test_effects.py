@@ -280,3 +280,41 @@ def test_an_input_changed_in_shape_or_strides_in_place_is_refused_at_capture(gra
         "tensor's shape.\nTo fix: use the out-of-place form (x = x.t(), x = x.unsqueeze(0)) and return the result."
     )
     assert x.shape == shape and g.state == "warmup"  # the caller's tensor is untouched
+
+
+@pytest.mark.parametrize("kind", ["OrderedDict", "defaultdict"])
+def test_dict_types_given_as_arguments(kind, graph_backend):
+    # an OrderedDict or defaultdict argument is a container as a dict is: its scalars part of the
+    # signature, what the function writes (keys, order; a defaultdict's missing key it reads)
+    # done to the caller's, of its type
+    from collections import OrderedDict, defaultdict
+
+    def fn(x, cfg):
+        y = x * cfg["scale"]
+        if isinstance(cfg, defaultdict):
+            y = y + cfg["missing"]  # inserts "missing": 0.0, at every call (a new dict each time)
+        else:
+            cfg.move_to_end("scale")
+        cfg["out"] = y
+        return y.sum()
+
+    def make(k):
+        cfg = OrderedDict(scale=2.0, tau=0.5) if kind == "OrderedDict" else defaultdict(float, scale=2.0, tau=0.5)
+        return torch.full((3,), float(k)), cfg
+
+    g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+    for k in range(5):
+        (x, mine), (x2, theirs) = make(k), make(k)
+        torch.testing.assert_close(g(x, mine), fn(x2, theirs))
+        assert type(mine) is type(theirs) and list(mine) == list(theirs)
+        assert getattr(mine, "default_factory", None) is getattr(theirs, "default_factory", None)
+        for key in theirs:
+            if isinstance(theirs[key], torch.Tensor):
+                torch.testing.assert_close(mine[key], theirs[key])
+            else:
+                assert mine[key] == theirs[key] and type(mine[key]) is type(theirs[key])
+    assert g.stats.captures == 1
+    x, cfg = make(0)
+    cfg["scale"] = 3.0
+    with pytest.raises(InputMismatchError, match=r"args\[1\]\['scale'\]: expected value 2\.0, got 3\.0"):
+        g(x, cfg)

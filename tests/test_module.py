@@ -374,3 +374,86 @@ class TestMessagesWithoutCuda:
             g.debug_dump("graph.dot")
         assert str(info.value) == ("CudaGraphModule(<lambda>) records no CUDA graph (no CUDA: it runs eagerly): "
                                    "there is no graph structure to dump; use backend='cuda' on a GPU.")
+
+
+class TestUnderTorchCompile:
+    """``torch.compile`` around a wrapper, or around code that calls one: dynamo does not trace
+    the wrapper (a graph break at its call), which then warms up, captures and replays as
+    without compile. ``backend="eager"``: only dynamo's frame handling is under test."""
+
+    @staticmethod
+    def _counting():
+        """A dynamo backend that runs the traced graph as it is, counting compilations."""
+        compiled = []
+
+        def backend(gm, example_inputs):
+            compiled.append(gm)
+            return gm.forward
+
+        return backend, compiled
+
+    def test_compile_around_a_wrapper_equals_the_compiled_function(self, graph_backend):
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        w = torch.randn(3, 3)
+
+        def f(x):
+            return (x @ w).relu() + 1
+
+        g = CudaGraphModule(f, warmup=2, backend=graph_backend)
+        compiled_g, compiled_f = torch.compile(g, backend="eager"), torch.compile(f, backend="eager")
+        for i in range(6):
+            x = torch.randn(2, 3)
+            out = compiled_g(x)
+            torch.testing.assert_close(out, compiled_f(x))
+            torch.testing.assert_close(out, f(x))
+            assert out.shape == (2, 3) and out.dtype == torch.float32 and out.device == x.device
+        assert g.state == "captured"
+        assert (g.stats.warmup_calls, g.stats.captures, g.stats.replays) == (2, 1, 4)  # (the capturing call replays)
+
+    def test_compiled_function_calling_a_wrapper(self, graph_backend):
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        backend, compiled = self._counting()
+        w = torch.randn(3, 3)
+
+        def f(x):
+            return (x @ w).tanh()
+
+        g = CudaGraphModule(f, warmup=2, backend=graph_backend)
+
+        def step(x, y):
+            return g(x * 2) - y
+
+        compiled_step = torch.compile(step, backend=backend)
+        plain = lambda x, y: f(x * 2) - y  # noqa: E731
+        for i in range(6):
+            x, y = torch.randn(2, 3), torch.randn(2, 3)
+            torch.testing.assert_close(compiled_step(x, y), plain(x, y))
+        assert g.state == "captured"
+        assert (g.stats.warmup_calls, g.stats.captures, g.stats.replays) == (2, 1, 4)  # (the capturing call replays)
+        # the code around the wrapper is compiled (before and after its call), the wrapper's is not
+        assert len(compiled) == 2
+        traced = "".join(gm.code for gm in compiled)
+        assert "matmul" not in traced and "tanh" not in traced
+
+    def test_compiled_function_inside_a_wrapper_under_compile(self, graph_backend):
+        # the documented pattern (a compiled function wrapped) keeps compiling its function,
+        # also when code around the wrapper is compiled
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        backend, compiled = self._counting()
+
+        def f(x):
+            return torch.nn.functional.gelu(x) * 3
+
+        g = CudaGraphModule(torch.compile(f, backend=backend), warmup=2, backend=graph_backend)
+        outer = torch.compile(lambda x: g(x) + 1, backend="eager")
+        for _ in range(6):
+            x = torch.randn(4)
+            torch.testing.assert_close(outer(x), f(x) + 1)
+        assert g.state == "captured" and g.stats.captures == 1
+        assert len(compiled) == 1 and "gelu" in compiled[0].code

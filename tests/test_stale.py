@@ -6,13 +6,14 @@ Every test captures, replaces something the graph read, and checks the next call
 """
 
 import warnings
+from collections import OrderedDict, defaultdict
 
 import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
 
-from graphmodule import CudaGraphModule, StaleGraphError
+from graphmodule import CudaGraphModule, StaleGraphError, UnsupportedError
 from graphmodule._stale import Watch
 
 X = torch.ones(2, 3)
@@ -478,6 +479,225 @@ class TestContainers:
                 agent.stats["calls"] = step
                 torch.testing.assert_close(g(X), agent.net(X))
         assert g.stats.captures == 1 and g.stats.recaptures == 0
+
+
+class Cfg(dict):
+    """A user's dict subclass, as configs often are."""
+
+
+# each a fresh config holding {"scale": 2.0}: a plain dict, and the dict types users hold
+# configs in, which the function reads as it reads a plain dict
+DICT_TYPES = {
+    "dict": lambda: {"scale": 2.0},
+    "OrderedDict": lambda: OrderedDict(scale=2.0),
+    "defaultdict": lambda: defaultdict(float, scale=2.0),
+    "subclass": lambda: Cfg(scale=2.0),
+}
+
+
+def _scaled_by(cfg):
+    def f(x):
+        return x * cfg["scale"] + 1
+
+    return f
+
+
+def _logs_into(cfg):
+    def f(x):
+        y = x * cfg["scale"]
+        cfg["last"] = y.sum()  # a new tensor at every call: a replay would not bind it
+        return y
+
+    return f
+
+
+def _reads_missing(cfg, key):
+    def f(x):
+        return x * (2.0 + cfg[key[0]])  # a defaultdict inserts the key it misses
+
+    return f
+
+
+@pytest.mark.parametrize("kind", list(DICT_TYPES))
+class TestDictTypes:
+    """A config held in any dict type (``OrderedDict``, ``defaultdict``, a subclass) and read
+    by the function is served and watched as a plain dict is; its writes refused as a plain
+    dict's. Each case runs the plain function on a twin config beside the wrapper."""
+
+    def _pair(self, kind, make_fn=_scaled_by, **options):
+        cfg, twin = DICT_TYPES[kind](), DICT_TYPES[kind]()
+        g = CudaGraphModule(make_fn(cfg), warmup=2, backend=options.pop("backend"), **options)
+        return cfg, twin, g, make_fn(twin)
+
+    def test_a_read_is_served(self, kind, graph_backend):
+        cfg, twin, g, plain = self._pair(kind, backend=graph_backend)
+        for i in range(6):
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), plain(x))
+        assert g.state == "captured" and g.stats.captures == 1
+        assert type(cfg) is type(twin) and list(cfg.items()) == list(twin.items())
+
+    def test_a_changed_value_makes_the_graph_stale(self, kind, graph_backend):
+        cfg, twin, g, plain = self._pair(kind, backend=graph_backend)
+        x = torch.ones(2, 3)
+        for _ in range(4):
+            g(x)
+        cfg["scale"] = 3.0
+        with pytest.raises(StaleGraphError) as info:
+            g(x)
+        assert str(info.value).splitlines()[:2] == [
+            "CudaGraphModule(f) was captured reading state that has changed since:",
+            "  closure variable 'cfg' of _scaled_by.<locals>.f: {'scale': 2.0} at capture, {'scale': 3.0} now "
+            "(the graph uses {'scale': 2.0})",
+        ]
+
+    def test_a_changed_value_is_recaptured(self, kind, graph_backend):
+        cfg, twin, g, plain = self._pair(kind, backend=graph_backend, on_stale="recapture")
+        for step in range(8):
+            if step >= 3:  # after the capture: a new value at every call
+                cfg["scale"] = twin["scale"] = float(step)
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), plain(x))
+        assert g.stats.recaptures > 0
+
+    def test_a_replaced_tensor_makes_the_graph_stale(self, kind, graph_backend):
+        # a tensor entry is read by address; its dict may be watched (dict watchers) or read
+        cfg = DICT_TYPES[kind]()
+        cfg["w"] = torch.ones(3)
+
+        def f(x):
+            return x * cfg["w"]
+
+        g = CudaGraphModule(f, warmup=1, backend=graph_backend)
+        for _ in range(3):
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), x * cfg["w"])
+        cfg["w"] = torch.full((3,), 2.0)
+        with pytest.raises(StaleGraphError) as info:
+            g(torch.ones(2, 3))
+        assert str(info.value).splitlines()[1] == (
+            "  closure variable 'cfg' of TestDictTypes.test_a_replaced_tensor_makes_the_graph_stale.<locals>.f"
+            "['w']: another tensor (the graph reads the old one's memory)")
+
+    def test_a_write_is_refused_as_for_a_plain_dict(self, kind, graph_backend):
+        cfg, twin, g, plain = self._pair(kind, make_fn=_logs_into, backend=graph_backend)
+        x = torch.ones(2, 3)
+        for _ in range(2):
+            torch.testing.assert_close(g(x), plain(x))
+        with pytest.raises(UnsupportedError) as info:
+            g(x)
+        assert str(info.value).splitlines()[0] == (
+            "CudaGraphModule(f) cannot replay this call as a CUDA graph: the function changes Python state, which "
+            "a replay (GPU work only) would not: closure variable 'cfg' of _logs_into.<locals>.f "
+            f"({type(cfg).__name__}) was modified in place.")
+
+
+OD_CFG, DD_CFG, SUB_CFG = OrderedDict(scale=2.0), defaultdict(float, scale=2.0), Cfg(scale=2.0)
+
+
+def _uses_od_cfg(x):
+    return x * OD_CFG["scale"]
+
+
+def _uses_dd_cfg(x):
+    return x * DD_CFG["scale"]
+
+
+def _uses_sub_cfg(x):
+    return x * SUB_CFG["scale"]
+
+
+@pytest.mark.parametrize("fn, cfg", [(_uses_od_cfg, OD_CFG), (_uses_dd_cfg, DD_CFG), (_uses_sub_cfg, SUB_CFG)],
+                         ids=["OrderedDict", "defaultdict", "subclass"])
+def test_a_global_config_of_a_dict_type(fn, cfg, graph_backend):
+    g = CudaGraphModule(fn, warmup=2, backend=graph_backend)
+    try:
+        for _ in range(4):
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), fn(x))
+        assert g.stats.captures == 1
+        cfg["scale"] = 3.0
+        with pytest.raises(StaleGraphError) as info:
+            g(x)
+        assert str(info.value).splitlines()[1] == (
+            f"  global '{fn.__code__.co_names[0]}' read by {fn.__name__}: {{'scale': 2.0}} at capture, "
+            "{'scale': 3.0} now (the graph uses {'scale': 2.0})")
+    finally:
+        cfg["scale"] = 2.0
+
+class TestDefaultdictMissingKeys:
+    """A ``defaultdict`` read at a key it lacks inserts it: eagerly at the first call that reads
+    it, then never again. The wrapper inserts it at the same call (a warmup call, or the
+    capturing one), and its replays, like eager's later calls, insert nothing."""
+
+    def _pair(self, backend, factory=float, **options):
+        made = []
+        for _ in range(2):
+            cfg, key = defaultdict(factory, a=1.0), ["a"]
+            made.append((cfg, key, _reads_missing(cfg, key)))
+        (cfg, key, f), (twin, twin_key, plain) = made
+        return cfg, key, CudaGraphModule(f, warmup=1, backend=backend, **options), twin, twin_key, plain
+
+    def test_a_key_first_read_by_a_warmup_call(self, graph_backend):
+        cfg, key, g, twin, twin_key, plain = self._pair(graph_backend)
+        key[0] = twin_key[0] = "b"
+        for _ in range(5):
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), plain(x))
+            assert list(cfg.items()) == list(twin.items())
+        assert list(cfg.items()) == [("a", 1.0), ("b", 0.0)] and g.stats.captures == 1
+
+    def test_a_key_first_read_by_the_capturing_call(self, graph_backend):
+        cfg, key, g, twin, twin_key, plain = self._pair(graph_backend)
+        for step in range(6):
+            if step == 1:  # the capturing call is the first to read "b"
+                key[0] = twin_key[0] = "b"
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), plain(x))
+            assert list(cfg.items()) == list(twin.items())
+        assert list(cfg.items()) == [("a", 1.0), ("b", 0.0)]
+        assert g.state == "captured" and g.stats.captures == 1 and g.stats.replays == 5
+
+    def test_a_deleted_key_makes_the_graph_stale(self, graph_backend):
+        cfg, key, g, twin, twin_key, plain = self._pair(graph_backend)
+        key[0] = twin_key[0] = "b"
+        x = torch.ones(2, 3)
+        for _ in range(3):
+            g(x)
+        del cfg["b"]
+        with pytest.raises(StaleGraphError) as info:
+            g(x)
+        assert str(info.value).splitlines()[1] == (
+            "  closure variable 'cfg' of _reads_missing.<locals>.f: {'a': 1.0, 'b': 0.0} at capture, {'a': 1.0} "
+            "now (the graph uses {'a': 1.0, 'b': 0.0})")
+
+    def test_a_deleted_key_is_recaptured(self, graph_backend):
+        cfg, key, g, twin, twin_key, plain = self._pair(graph_backend, on_stale="recapture")
+        key[0] = twin_key[0] = "b"
+        for step in range(8):
+            if step in (3, 5):
+                del cfg["b"], twin["b"]
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(g(x), plain(x))
+            assert list(cfg.items()) == list(twin.items())
+        assert g.stats.recaptures == 2
+
+    def test_a_container_default_inserted_by_the_capture_is_refused(self, graph_backend):
+        # a new list may be filled by the function afterwards, which a replay would not do
+        cfg, key = defaultdict(list), ["a"]
+
+        def f(x):
+            return x * (len(cfg[key[0]]) + 1)
+
+        g = CudaGraphModule(f, warmup=1, backend=graph_backend)
+        x = torch.ones(2, 3)
+        g(x)
+        key[0] = "b"
+        with pytest.raises(UnsupportedError) as info:
+            g(x)
+        assert str(info.value).splitlines()[0].endswith(
+            "closure variable 'cfg' of TestDefaultdictMissingKeys.test_a_container_default_inserted_by_the_capture"
+            "_is_refused.<locals>.f (defaultdict) was modified in place.")
 
 
 class TestNestedWrappers:
