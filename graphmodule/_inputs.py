@@ -96,7 +96,8 @@ def inference_inputs(leaves: Any, index: list[int], name: Any, why: str) -> list
 def internal_overlap(t: Tensor) -> bool:
     """Whether elements of ``t`` share memory as torch's in-place ops refuse (a dim of more
     than one element with stride 0: ``x.expand(...)``), where a write raises eagerly."""
-    return any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride()))
+    strides = t.stride()
+    return 0 in strides and any(s == 0 and n > 1 for n, s in zip(t.shape, strides))
 
 
 def overlapping_inputs(leaves: Any, index: list[int], name: Any) -> list[Mismatch]:
