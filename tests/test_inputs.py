@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import tensorclass
 
-from graphmodule import CudaGraphModule, InputMismatchError
+from graphmodule import CudaGraphModule, InputMismatchError, UnsupportedError
 
 
 def test_slices_of_one_batch_then_separate_tensors(graph_backend):
@@ -240,3 +240,44 @@ def test_a_tensor_passed_twice_is_served_in_any_layout(graph_backend):
         torch.testing.assert_close(g(x, x), x @ x.t() + x)
     with pytest.raises(InputMismatchError, match="expected the memory of args"):
         g(torch.randn(3, 3), torch.randn(3, 3))  # captured aliased: g(x, y) is another call
+
+
+# -- a returned view of an input: rebuilt on the caller's tensor, so its strides must follow ------
+def _row_and_double(x):
+    return x[1], x * 2
+
+
+@pytest.mark.parametrize("kind", ["expanded", "sliced"])
+def test_a_returned_view_of_an_input_passed_with_gaps_or_overlaps_is_refused_at_capture(graph_backend, kind):
+    # the graph's copy of the input is dense: the view rebuilt on the caller's tensor with its
+    # strides read other elements (a slice: silently wrong values) or none (an expanded tensor)
+    x = torch.arange(4.0).expand(3, 4) if kind == "expanded" else torch.arange(24.0).reshape(3, 8)[:, ::2]
+    g = CudaGraphModule(_row_and_double, warmup=1, backend=graph_backend)
+    g(x)
+    with pytest.raises(UnsupportedError) as info:
+        g(x)
+    strides = "(0, 1)" if kind == "expanded" else "(8, 2)"
+    assert str(info.value) == (
+        "CudaGraphModule(_row_and_double) cannot replay this call as a CUDA graph: the function returns a view "
+        f"of args[0], passed with strides {strides}; a replay rebuilds that view on your tensor with the strides "
+        "of the graph's dense copy of it ((4, 1)), which would read other elements of yours.\n"
+        "To fix: pass that input dense (x.contiguous()), or return a copy of the view (.clone())."
+    )
+    for _ in range(2):  # then a dense call is captured and served
+        y = torch.randn(3, 4)
+        row, double = g(y)
+        assert row._base is y and torch.equal(row, y[1]) and torch.equal(double, y * 2)
+
+
+@pytest.mark.parametrize("max_graphs", [1, 2])
+def test_a_returned_view_of_an_input_keeps_the_captured_strides(graph_backend, max_graphs):
+    g = CudaGraphModule(_row_and_double, warmup=1, backend=graph_backend, max_graphs=max_graphs)
+    for i in range(3):  # captured transposed (its buffer is transposed): served as eagerly
+        x = (torch.arange(12.0).reshape(4, 3) + i).t()
+        row, double = g(x)
+        assert row._base is x._base and row.stride() == x[1].stride() and torch.equal(row, x[1])
+        torch.testing.assert_close(double, x * 2)
+    with pytest.raises(InputMismatchError) as info:  # the view must be x[1] of the caller's tensor
+        g(torch.randn(3, 4))
+    assert [m.describe() for m in info.value.mismatches] == [
+        "args[0]: expected stride (1, 3) exactly (the function returns a view of it), got (4, 1)"]
