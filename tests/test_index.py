@@ -110,6 +110,18 @@ def test_signatures_in_turn_replay_without_the_slow_path(make, monkeypatch, grap
     assert len(slow) <= len(xs)  # at most the first call of a signature tries every graph
 
 
+def test_layouts_of_one_signature_replay_on_the_hot_path(make, monkeypatch, graph_backend):
+    # strides are no part of the signature: no layout takes the slow path, even the first time
+    g = make(lambda x: x * 2, warmup=1, backend=graph_backend)
+    m = torch.arange(12.0).reshape(3, 4)
+    g(m)
+    g(m)
+    slow = _count_slow(monkeypatch, g)
+    for x in (m.t().contiguous().t(), torch.arange(4.0).expand(3, 4), torch.arange(24.0).reshape(3, 8)[:, ::2], m):
+        torch.testing.assert_close(g(x), x * 2)
+    assert len(slow) == 0
+
+
 def test_layouts_in_turn_replay_without_the_slow_path(make, monkeypatch, graph_backend):
     # two shapes, each row-major and transposed: a graph per shape serves both layouts, and a
     # call of either layout finds its shape's graph by the call key (shapes only)
