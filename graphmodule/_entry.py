@@ -30,6 +30,7 @@ from ._inputs import (
     identity_pattern,
     inference_inputs,
     nested_paths,
+    overlapping_inputs,
     resolve,
     span_bytes,
 )
@@ -283,6 +284,8 @@ class Entry:
                                       str(leaves[i].stride())))
         if self.check_alias:
             found += self._alias_mismatches(leaves, name)
+        if self.effects.written:
+            found += overlapping_inputs(leaves, self.effects.written, name)
         if self.effects.written and not torch.is_inference_mode_enabled():
             found += inference_inputs(leaves, self.effects.written, name, "the function writes into it")
         if self.saves_inputs:
@@ -304,14 +307,20 @@ class Entry:
                 expected = "its own memory" if captured == i else f"the memory of {name(captured)}"
                 got = "its own memory" if group == i else f"the memory of {name(group)}"
                 found.append(Mismatch(name(i), "alias", expected, got))
-            elif group != i:
-                # same group as captured: views must sit at the same place
-                base, mine = leaves[group], inputs.leaves[group]
-                offset = t.data_ptr() - base.data_ptr()
-                captured_offset = inputs.leaves[i].data_ptr() - mine.data_ptr()
-                if offset != captured_offset or t.stride() != inputs.leaves[i].stride():
-                    found.append(Mismatch(name(i), "alias", f"a view at byte offset {captured_offset} "
-                                          f"of {name(group)}", f"byte offset {offset}"))
+            elif group in inputs.span_reps:
+                # views of one tensor, copied as one block of bytes read with the captured
+                # offsets and strides (a tensor passed twice has one buffer: any layout copies in)
+                if group != i:
+                    base, mine = leaves[group], inputs.leaves[group]
+                    offset = t.data_ptr() - base.data_ptr()
+                    captured_offset = inputs.leaves[i].data_ptr() - mine.data_ptr()
+                    if offset != captured_offset or t.stride() != inputs.leaves[i].stride():
+                        found.append(Mismatch(name(i), "alias", f"a view at byte offset {captured_offset} "
+                                              f"of {name(group)}", f"byte offset {offset}"))
+                elif t.stride() != inputs.leaves[i].stride():
+                    found.append(Mismatch(name(i), "stride", f"{inputs.leaves[i].stride()} exactly (it shares "
+                                          "memory with other inputs, copied with them as at capture)",
+                                          str(t.stride())))
         if not found:  # the same memory, but one object where there were two (or the reverse)
             now = identity_pattern(leaves, inputs.tensor_index)
             for i, was, is_ in zip(inputs.tensor_index, inputs.identity, now):

@@ -54,7 +54,8 @@ class Mismatch:
     ``"requires_grad"``, ``"value"``, ``"batch_size"``, ``"alias"``, ``"stride"``,
     ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"autocast"``, ``"hook"`` (a module backward hook
     on a graph captured as a layer), ``"inference"`` (an inference tensor where the replay
-    writes into the input or saves it for backward) or ``"unread"`` (a nested TensorDict the
+    writes into the input or saves it for backward), ``"overlap"`` (an expanded tensor where the
+    replay writes into the input) or ``"unread"`` (a nested TensorDict the
     module does not read but writes into, or would merge into).
     """
 
@@ -76,7 +77,7 @@ class Mismatch:
         if self.kind == "alias":
             at = "as at capture" if captured else "as then"
             return f"{self.path}: expected {self.expected} ({at}), got {self.got}"
-        if self.kind in ("unread", "inference"):
+        if self.kind in ("unread", "inference", "overlap"):
             return f"{self.path}: expected {self.expected}, got {self.got}"
         if self.kind == "order":
             return f"{self.path}: expected key order {self.expected}, got {self.got}"
@@ -128,11 +129,11 @@ _ADVICE = {
     "alias": "the graph was captured with other aliasing between its inputs (the same tensor "
     "passed twice, or views of one tensor) and writes into them: pass separate tensors as at "
     "capture (x.clone()), or the same aliasing.",
-    "stride": "a graph computes with each input laid out as at capture: the order of its strides "
-    "decides the strides of the results computed from it, and a view of it the function returns is "
-    "rebuilt with the captured strides. Pass tensors laid out as at capture (.contiguous() where it was "
-    "row-major), or pass max_graphs=2 to keep a graph per layout (a returned view needs the captured "
-    "strides exactly).",
+    "stride": "a replay rebuilds a view of an input the function returns on your tensor with the "
+    "captured strides, and copies inputs sharing memory as one block laid out as at capture: pass "
+    "tensors with the captured strides (.contiguous() where they were contiguous).",
+    "overlap": "eagerly, torch refuses to write in place into a tensor whose elements share memory "
+    "(x.expand(...)), and so does the graph: pass a tensor of its own (x.clone()).",
     "requires_grad": "requires_grad of every input, and of the parameters a graph backpropagates "
     "to, is part of the capture: it decides which gradients the backward graph computes. Pass "
     "inputs as at capture (x.detach() where it did not require grad), keep the parameters' "

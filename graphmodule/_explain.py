@@ -16,7 +16,7 @@ from tensordict import TensorDictBase, is_tensorclass
 
 from ._errors import WITHOUT_GRAPH, InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
 from ._paths import describe, format_key, format_path, leaf_texts
-from ._spec import InputSpec, same_constant, stride_order
+from ._spec import InputSpec, same_constant
 from ._tree import MISSING, Node, Slot, _is_non_tensor, child_td, flatten_with_path, is_slot_value
 
 __all__ = ["describe_facts", "describe_graphs", "describe_spec", "explain_mismatches", "mismatch_error"]
@@ -158,30 +158,12 @@ def _slot_values(slot: Slot, obj: Any, text: str) -> tuple[list, list[Mismatch]]
     return out, found
 
 
-def describe_strides(strides: tuple, order: tuple) -> str:
-    """``(1, 3) (column-major)``: strides, and the memory order they say."""
-    if list(order) == sorted(order):
-        kind = "row-major"
-    elif list(order) == sorted(order, reverse=True):
-        kind = "column-major"
-    else:
-        kind = f"dims in memory order {order}, outermost first"
-    return f"{tuple(strides)} ({kind})"
-
-
-def _tensor_mismatches(path: str, f: tuple, leaf: Any, key: tuple | None = None,
-                       strides: tuple = (None, None)) -> list[Mismatch]:
-    """What differs between a tensor leaf and the captured facts ``f`` (and the captured
-    ``strides``: exact strides and their order)."""
+def _tensor_mismatches(path: str, f: tuple, leaf: Any, key: tuple | None = None) -> list[Mismatch]:
+    """What differs between a tensor leaf and the captured facts ``f``."""
     if not isinstance(leaf, torch.Tensor):
         return [Mismatch(path, "type", "a tensor", describe(leaf))]
     shape, dtype, device, requires_grad, layout = f
     found = []
-    captured, order = strides
-    if (order is not None and leaf.shape == shape and leaf.layout is torch.strided
-            and leaf.stride() != captured and stride_order(leaf) != order):
-        found.append(Mismatch(path, "stride", describe_strides(captured, order),
-                              describe_strides(leaf.stride(), stride_order(leaf))))
     if leaf.shape != shape:
         if key is None:
             compat = f"CudaGraphModule was captured with an input of shape {shape} but got shape {leaf.shape}."
@@ -221,7 +203,6 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
             found += slot_found
             leaves += values
     facts_at = dict(zip(spec.tensor_index, spec.facts))
-    strides_at = dict(zip(spec.tensor_index, zip(spec.strides, spec.orders)))
     consts_at = dict(zip(spec.const_index, spec.constants))
     keys = [key for _, key in layout.leaf_paths()]
     missing_keys: list = []
@@ -234,7 +215,7 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
             if keys[i] is not None:
                 missing_keys.append(keys[i][0] if len(keys[i]) == 1 else keys[i])
         elif i in facts_at:
-            found += _tensor_mismatches(text, facts_at[i], leaf, keys[i], strides_at[i])
+            found += _tensor_mismatches(text, facts_at[i], leaf, keys[i])
         elif not same_constant(leaf, consts_at[i]):
             kind = "type" if isinstance(leaf, torch.Tensor) or type(leaf) is not type(consts_at[i]) else "value"
             compat = "Varying inputs must be torch.Tensor subclasses." if kind == "value" else None

@@ -3,17 +3,17 @@
 Every call first tries the most recently used graph. A call of another signature (an epoch's
 last, smaller minibatch; evaluation's batch size; a policy called in train and in eval mode)
 used to try every graph's full match in turn, the most expensive way to miss.
-:class:`CallIndex` remembers, per *call key* (the modes, each argument's ``shape`` and a
-tensor argument's strides, read without flattening anything), the graph such a call matched
-last; the wrapper then runs that graph's full match only. The key is a hint, never a
-decision: a graph found through it is matched in full, and a key found nowhere falls back to
-trying every graph. Signatures that share a key (the same shapes and strides, other dtypes or
-constants) cost that scan, never a wrong graph.
+:class:`CallIndex` remembers, per *call key* (the modes and each argument's ``shape``, read
+without flattening anything), the graph such a call matched last; the wrapper then runs that
+graph's full match only. The key is a hint, never a decision: a graph found through it is
+matched in full, and a key found nowhere falls back to trying every graph. Signatures that
+share a key (the same shapes, other dtypes or constants) cost that scan, never a wrong graph.
+Strides are not in the key: a call of any layout has its shape's signature (``_spec``).
 
     >>> import torch
     >>> from graphmodule._index import call_key
     >>> call_key((torch.zeros(2, 3),), {}, (True,))
-    ((True,), ((torch.Size([2, 3]), (3, 1)),), (), ())
+    ((True,), (torch.Size([2, 3]),), (), ())
 """
 
 from __future__ import annotations
@@ -21,22 +21,14 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from torch import Tensor
-
 __all__ = ["CallIndex", "call_key"]
-
-
-def _arg_key(a: Any) -> Any:
-    # a tensor's strides too: a row-major and a transposed call are two graphs' (their order is
-    # part of the signature, see _spec)
-    return (a.shape, a.stride()) if isinstance(a, Tensor) else getattr(a, "shape", None)
 
 
 def call_key(args: tuple, kwargs: dict, mode: Any) -> tuple:
     """What a call's graph is looked up by: the modes, then each argument's ``shape``
-    (``None`` for an argument without one; with its strides for a tensor), keyword names
-    included."""
-    return (mode, tuple([_arg_key(a) for a in args]), tuple(kwargs), tuple([_arg_key(v) for v in kwargs.values()]))
+    (``None`` for an argument without one), keyword names included."""
+    return (mode, tuple([getattr(a, "shape", None) for a in args]), tuple(kwargs),
+            tuple([getattr(v, "shape", None) for v in kwargs.values()]))
 
 
 class CallIndex:

@@ -6,6 +6,13 @@ of one tensor (``g(x, x[1:])``) are views of one buffer, at the same relative of
 Every replay then copies each aliasing group once: one ``torch._foreach_copy_`` for
 the plain buffers, one byte copy per group of views.
 
+A tensor with memory of its own gets a dense buffer in the order of its strides (``clone``:
+a dense tensor's strides, the order of a slice's or a transpose's, contiguous for an
+expanded one), so that a later call's tensor of any layout is copied into it (``copy_``);
+the graph's results then have the capture's layout, not the call's. A group of views is one
+block of bytes laid out as at capture: a call sharing memory so must have the captured
+strides (``Entry.extra_ok``).
+
 The function is handed the input tree over the buffers with fresh containers (dicts,
 lists, TensorDicts); :class:`Materialized` remembers where each of those objects sits
 in the call, so that effects on them and returned ones can be mapped back onto the
@@ -25,7 +32,8 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 from ._errors import Mismatch
 from ._tree import Layout, _is_node, build_td, nested_entries, node_td, slot_ranges, unflatten
 
-__all__ = ["Materialized", "Outside", "Ref", "RefKind", "StaticInputs", "inference_inputs", "resolve", "storage_base"]
+__all__ = ["Materialized", "Outside", "Ref", "RefKind", "StaticInputs", "inference_inputs", "overlapping_inputs",
+           "resolve", "storage_base"]
 
 Tensor = torch.Tensor
 _CONTAINERS = (dict, list, tuple)
@@ -83,6 +91,22 @@ def inference_inputs(leaves: Any, index: list[int], name: Any, why: str) -> list
     return [Mismatch(name(i), "inference", f"a normal tensor ({why})",
                      "an inference tensor (made under torch.inference_mode())")
             for i in index if leaves[i].is_inference()]
+
+
+def internal_overlap(t: Tensor) -> bool:
+    """Whether elements of ``t`` share memory as torch's in-place ops refuse (a dim of more
+    than one element with stride 0: ``x.expand(...)``), where a write raises eagerly."""
+    strides = t.stride()
+    return 0 in strides and any(s == 0 and n > 1 for n, s in zip(t.shape, strides))
+
+
+def overlapping_inputs(leaves: Any, index: list[int], name: Any) -> list[Mismatch]:
+    """The leaves at ``index`` (inputs the function writes) whose elements share memory:
+    eagerly the write raises; the graph writes its dense buffer, whose values could not be
+    copied back into such a tensor."""
+    return [Mismatch(name(i), "overlap", "a tensor whose elements each have their own memory (the function "
+                     "writes into it)", f"an expanded tensor (stride {leaves[i].stride()})")
+            for i in index if internal_overlap(leaves[i])]
 
 
 def identity_pattern(leaves: Any, index: list[int]) -> list[int]:
@@ -157,6 +181,7 @@ class StaticInputs:
                 made: dict[int, Tensor] = {}
                 distinct = {id(t) for _, t in members}
                 if len(distinct) == 1:
+                    # dense (clone: an expanded tensor's copy is contiguous): any layout copies in
                     buffer = members[0][1].clone()
                     copy_dests.append(buffer)
                     copy_srcs.append(first)
@@ -172,6 +197,8 @@ class StaticInputs:
                 for i, _ in members:
                     self.pattern[i] = first
         self.aliased = any(len(m) > 1 for m in groups)
+        # the leaves whose bytes a span copies from: a call must lay them out as at capture
+        self.span_reps = frozenset(span.rep for span in self.spans)
         self.copy_dests = copy_dests
         self.copy_srcs = copy_srcs
         # torch._foreach_copy_ takes its fused path (one launch per list on CUDA) only when

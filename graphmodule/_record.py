@@ -123,6 +123,21 @@ def _same_layouts(owner: str, inputs: StaticInputs, before: list[tuple], texts: 
         )
 
 
+def _rebuildable_views(owner: str, indices: set[int], leaves: list, inputs: StaticInputs, texts: list[str]) -> None:
+    """A returned view of an input is rebuilt on the caller's tensor with the strides it has on
+    the graph's buffer, which is dense: the capturing call's tensor must have those strides (a
+    slice's gaps or an expanded tensor's zero strides would give other elements, or none)."""
+    for i in sorted(indices):
+        if leaves[i].stride() != inputs.leaves[i].stride():
+            raise UnsupportedError(
+                owner,
+                f"the function returns a view of {texts[i]}, passed with strides {leaves[i].stride()}; a replay "
+                f"rebuilds that view on your tensor with the strides of the graph's dense copy of it "
+                f"({inputs.leaves[i].stride()}), which would read other elements of yours.",
+                "pass that input dense (x.contiguous()), or return a copy of the view (.clone()).",
+            )
+
+
 def _layout(layout: tuple) -> str:
     shape, stride, offset = layout
     return f"shape {shape}, stride {stride}" + (f", offset {offset}" if offset else "")
@@ -208,6 +223,7 @@ def record(
         try:
             effects = Effects(written, containers.changes(), materialized, builder)
             out_recipe = builder.plan(out)
+            _rebuildable_views(owner, builder.stride_checked, leaves, inputs, texts)
             rebinds = bindings.rebinds(owner, builder)  # (after the outputs: they may hold what it rebinds)
             effects.rebind(rebinds.ops)
         except Unsupported as exc:

@@ -2,18 +2,16 @@
 
 Built once at capture. ``match()`` is the replay's fast path: one optree flatten (or
 none, for positional tensors and for a lone TensorDict), one C++ comparison of every
-tensor's shape, strides, dtype, device, layout and requires_grad (dynamo's
-``TensorGuards``, where this torch has it, with the Python comparison as the definition)
-and a tuple comparison of the non-tensor constants. It returns ``None`` on any
-difference; ``_explain`` then walks the call again to say what differs.
+tensor's shape, dtype, device, layout and requires_grad (dynamo's ``TensorGuards``, where
+this torch has it, with the Python comparison as the definition) and a tuple comparison of
+the non-tensor constants. It returns ``None`` on any difference; ``_explain`` then walks
+the call again to say what differs.
 
-The order of a tensor's strides (its memory layout: row-major, transposed...) is part of
-the signature: the graph's buffer has the capture's order, and results computed from it
-take their strides from it, as eagerly they take them from the call's tensor. A tensor
-laid out in the same order with other gaps (a slice ``x[:, ::2]``) is served: copied into
-the buffer, it gives the results eager would, strides included (:func:`stride_order`). The
-guard compares exact strides (but those of dims of one element); only a call whose strides
-differ from the capture's pays for the comparison of their order (~2 µs a call).
+Strides are no part of the signature: ``copy_`` writes a tensor of any layout (transposed,
+sliced, expanded, at another offset) into the captured buffer, which is dense (``_inputs``),
+so the graph computes eager's values; its results keep the capture's layout. What does
+depend on a call's exact strides is checked where the graph has it (``Entry.extra_ok``): an
+input the function returns a view of, and inputs sharing memory, copied as one block.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ try:  # dynamo's C++ tensor check; optional, the Python comparison is the refere
 except ImportError:  # pragma: no cover - depends on the torch build
     _TensorGuards = None
 
-__all__ = ["InputSpec", "facts", "same_constant", "stride_order"]
+__all__ = ["InputSpec", "facts", "same_constant"]
 
 Tensor = torch.Tensor
 _shape = attrgetter("shape")
@@ -49,21 +47,6 @@ class FlatCall:
 def facts(t: Tensor) -> tuple:
     """What a replay needs to be unchanged about a tensor leaf."""
     return (t.shape, t.dtype, t.device, t.requires_grad, t.layout)
-
-
-def stride_order(t: Tensor) -> tuple:
-    """The memory order of ``t``'s dims of more than one element, outermost first: that of
-    the dense strides a copy of it gets (``clone``, ``empty_like``: the graph's buffer), so
-    that a slice's gaps and an expanded dim's zero stride do not count. Row-major ``(3, 4)``
-    is ``(0, 1)``, its transpose ``(1, 0)``.
-
-    >>> stride_order(torch.zeros(3, 4)), stride_order(torch.zeros(4, 3).t())
-    ((0, 1), (1, 0))
-    """
-    if t.is_contiguous():  # (the usual case, without the meta tensor)
-        return tuple(d for d, n in enumerate(t.shape) if n > 1)
-    strides = torch.empty_like(t, device="meta").stride()
-    return tuple(sorted((d for d, n in enumerate(t.shape) if n > 1), key=lambda d: -strides[d]))
 
 
 def same_constant(a: Any, b: Any) -> bool:
@@ -127,9 +110,6 @@ class InputSpec:
         self.const_index = tuple(i for i, leaf in enumerate(leaves) if not isinstance(leaf, Tensor))
         self.facts = tuple(facts(leaves[i]) for i in self.tensor_index)
         self.shapes = [f[0] for f in self.facts]
-        # the captured strides (what the guard compares) and their order (what must match)
-        self.strides = tuple(leaves[i].stride() for i in self.tensor_index)
-        self.orders = tuple(stride_order(leaves[i]) for i in self.tensor_index)
         self.constants = tuple(leaves[i] for i in self.const_index)
         self.all_tensors = not self.const_index
         n = len(leaves)
@@ -158,7 +138,6 @@ class InputSpec:
             layout.treespec,
             tuple(_slot_key(slot) for slot in layout.slots),
             tuple((s, d, str(dev), rg, lay) for s, d, dev, rg, lay in self.facts),
-            self.orders,
             tuple(_const_key(c) for c in self.constants),
             mode,
         )
@@ -167,8 +146,8 @@ class InputSpec:
     def _make_guard(tensors: list[Tensor]):
         if _TensorGuards is None or not tensors:
             return None
-        try:  # the captured sizes and strides exactly, but a dim of one element's stride (it does not count)
-            strides = [[None if n == 1 else s for n, s in zip(t.shape, t.stride())] for t in tensors]
+        try:  # the captured sizes exactly; no stride (any layout is copied into the buffer)
+            strides = [[None] * t.dim() for t in tensors]
             guard = _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=strides)
             if guard.check(*tensors):
                 return guard
@@ -222,15 +201,12 @@ class InputSpec:
         return self._decide(tensors)
 
     def _decide(self, tensors: Sequence[Any]) -> bool:
-        """After the guard said no: it compares exact strides and dispatch keys (e.g.
-        inference-mode tensors), so decide with the comparison that defines a match; another
-        shape (the usual reason: another signature's call) answers first, without the facts,
-        and a stride order is computed only where the strides are not the captured ones."""
+        """After the guard said no: it also compares dispatch keys (e.g. inference-mode
+        tensors), so decide with the comparison that defines a match; another shape (the
+        usual reason: another signature's call) answers first, without the facts."""
         try:
             if list(map(_shape, tensors)) != self.shapes:
                 return False
-            if not all(facts(t) == f for t, f in zip(tensors, self.facts)):
-                return False
-            return all(t.stride() == s or stride_order(t) == o for t, s, o in zip(tensors, self.strides, self.orders))
+            return all(facts(t) == f for t, f in zip(tensors, self.facts))
         except AttributeError:
             return False

@@ -3,10 +3,16 @@
 Run with the eager backend (the CPU fallback), which applies the same checks as a GPU.
 """
 
+import math
+
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
 
-from graphmodule import InputMismatchError, Mismatch, RequiresGradError
+from graphmodule import CudaGraphModule, InputMismatchError, Mismatch, RequiresGradError
 from graphmodule._spec import FlatCall
 
 
@@ -57,20 +63,6 @@ class TestTensorLeaves:
         text = str(info.value)
         assert "(3 mismatches)" in text and text.count("To fix:") == 3
 
-    @pytest.mark.parametrize("backend", ["eager", "simulate"])
-    def test_a_slice_laid_out_in_the_captured_order_is_served(self, make, backend):
-        # other gaps between elements, the same order: copied into the captured (row-major)
-        # buffer, it gives eager's values and result strides
-        g = make(lambda x: x + 1, warmup=1, backend=backend)
-        g(torch.zeros(3, 4))
-        g(torch.zeros(3, 4))
-        for i in range(2):
-            x = (torch.arange(24.0) + 24 * i).reshape(3, 8)[:, ::2]
-            assert not x.is_contiguous()
-            out = g(x)
-            torch.testing.assert_close(out, x + 1)
-            assert out.stride() == (x + 1).stride()
-
     def test_the_stride_of_a_dim_of_one_element_does_not_count(self, make):
         # a batch of one observation: (1, 17) with strides (17, 1) or (1, 1) is one layout
         g = make(lambda x: x * 2, warmup=1, backend="simulate")
@@ -81,31 +73,6 @@ class TestTensorLeaves:
         torch.testing.assert_close(g(x), x * 2)
         assert g.stats.graphs == 1 and g.stats.replays == 2
 
-    @pytest.mark.parametrize("backend", ["eager", "simulate"])
-    def test_a_transposed_input_is_another_signature(self, make, backend):
-        # a graph computes in the layout of its capture: results of a transposed input would
-        # get row-major strides where eagerly they are column-major (x.view(-1) then differs)
-        g = make(lambda x: x + 1, warmup=1, backend=backend)
-        g(torch.zeros(3, 4))
-        g(torch.zeros(3, 4))
-        with pytest.raises(InputMismatchError) as info:
-            g(torch.zeros(4, 3).t())
-        assert [m.describe() for m in info.value.mismatches] == [
-            "args[0]: expected stride (4, 1) (row-major), got (1, 3) (column-major)"]
-        assert "pass max_graphs=2 to keep a graph per layout" in str(info.value)
-
-    @pytest.mark.parametrize("backend", ["eager", "simulate"])
-    def test_with_max_graphs_each_layout_has_its_graph(self, make, backend):
-        g = make(lambda x: x + 1, warmup=1, backend=backend, max_graphs=2)
-        for i in range(6):
-            x = torch.arange(12.0).reshape(3, 4) + i
-            if i >= 2:
-                x = x.t().contiguous().t()  # the same values, column-major
-            out = g(x)
-            torch.testing.assert_close(out, x + 1)
-            assert out.stride() == (x + 1).stride()
-        assert g.stats.graphs == 2
-
     def test_requires_grad_is_part_of_the_signature(self, make):
         g = make(lambda x: x * 2, warmup=1, backend="eager")
         g(torch.zeros(2))
@@ -115,6 +82,126 @@ class TestTensorLeaves:
         assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
         assert "args[0]: expected requires_grad False, got True" in str(info.value)
         assert "max_graphs=2 to keep one graph per pattern of inputs" in str(info.value)
+
+
+# A (3, 4) tensor of each layout a call may pass: the values differ from call to call (``i``).
+LAYOUTS = {
+    "contiguous": lambda i: torch.arange(12.0).reshape(3, 4) + i,
+    "transposed": lambda i: (torch.arange(12.0).reshape(4, 3) + i).t(),
+    "expanded": lambda i: (torch.arange(4.0) + i).expand(3, 4),  # stride (0, 1)
+    "broadcast_column": lambda i: (torch.arange(3.0) + i).reshape(3, 1).expand(3, 4),  # stride (1, 0)
+    "broadcast_scalar": lambda i: torch.tensor(2.0 + i).expand(3, 4),  # stride (0, 0)
+    "sliced": lambda i: (torch.arange(24.0).reshape(3, 8) + i)[:, ::2],
+    "offset": lambda i: (torch.arange(20.0) + i)[5:17].view(3, 4),  # storage offset 5
+    "transposed_slice": lambda i: (torch.arange(40.0).reshape(8, 5) + i).t()[1:4, ::2],  # strides (1, 10)
+}
+
+
+def affine(x):
+    return x * 2 + 1
+
+
+class TestLayout:
+    """Strides are no part of a signature: a tensor of any layout is copied into the graph's
+    buffer and gets eager's values; the results keep the layout of the capture."""
+
+    @pytest.mark.parametrize("captured", sorted(LAYOUTS))
+    @pytest.mark.parametrize("called", sorted(LAYOUTS))
+    def test_any_layout_is_served_by_the_graph_of_another(self, graph_backend, captured, called):
+        g = CudaGraphModule(affine, warmup=1, backend=graph_backend)
+        g(LAYOUTS[captured](0))
+        first = g(LAYOUTS[captured](1))  # the capture
+        for i in (2, 3):
+            x = LAYOUTS[called](i)
+            out = g(x)
+            torch.testing.assert_close(out, affine(x))
+            assert out.stride() == first.stride()  # the capture's layout
+        assert (g.stats.graphs, g.stats.captures, g.stats.replays) == (1, 1, 3)
+
+    def test_captured_transposed_then_called_expanded(self, graph_backend):
+        # the report of #30: InputMismatchError 'expected stride (1, 8) (column-major), got (0, 1)'
+        g = CudaGraphModule(lambda x: x * 2 + x.sum(0), warmup=1, backend=graph_backend)
+        for _ in range(2):
+            g(torch.randn(8, 3).t())
+        x = torch.randn(8).expand(3, 8)
+        torch.testing.assert_close(g(x), x * 2 + x.sum(0))
+
+    @pytest.mark.parametrize("backend", ["eager", "simulate"])
+    def test_the_fallback_without_cuda_serves_any_layout_too(self, make, backend):
+        g = make(affine, warmup=1, backend=backend)
+        for _ in range(2):
+            g(torch.zeros(3, 4))
+        for name, layout in LAYOUTS.items():
+            x = layout(1)
+            torch.testing.assert_close(g(x), affine(x), msg=name)
+
+    def test_with_room_for_more_graphs_one_graph_serves_every_layout(self, graph_backend):
+        # values are eager's either way: one capture, not one per layout
+        g = CudaGraphModule(affine, warmup=1, backend=graph_backend, max_graphs=3)
+        for i, name in enumerate(["contiguous", "contiguous", *LAYOUTS, "transposed", "contiguous"]):
+            x = LAYOUTS[name](i)
+            torch.testing.assert_close(g(x), affine(x))
+        assert (g.stats.graphs, g.stats.captures) == (1, 1)
+
+    def test_tensordict_leaves_of_other_layouts(self, graph_backend):
+        def fn(td):
+            return td["a"] * 10 + td["b", "c"]
+
+        def td(i, a, c):
+            return TensorDict(a=LAYOUTS[a](i), b=TensorDict(c=LAYOUTS[c](i), batch_size=[3]), batch_size=[3])
+
+        g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+        for i in range(2):
+            g(td(i, "contiguous", "transposed"))
+        for i, (a, c) in enumerate([("transposed", "expanded"), ("sliced", "offset"), ("broadcast_scalar", "contiguous")]):
+            call = td(i, a, c)
+            torch.testing.assert_close(g(call), fn(call))
+        assert g.stats.graphs == 1
+
+    def test_a_tensordict_module_writes_its_result_for_an_input_of_another_layout(self, graph_backend):
+        module = TensorDictModule(lambda a: a.exp() - a, in_keys=["a"], out_keys=["b"])
+        g = CudaGraphModule(module, warmup=1, backend=graph_backend)
+        for i in range(2):
+            g(TensorDict(a=LAYOUTS["contiguous"](i) / 10, batch_size=[3]))
+        for name in ("transposed", "expanded", "transposed_slice"):
+            a = LAYOUTS[name](1) / 10
+            ours, eager = TensorDict(a=a, batch_size=[3]), TensorDict(a=a.clone(), batch_size=[3])
+            assert g(ours) is ours
+            module(eager)
+            torch.testing.assert_close(ours["b"], eager["b"])
+            assert ours["a"] is a  # the input entry untouched
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(data=st.data())
+    def test_random_layouts(self, graph_backend, data):
+        shape = (2, 3, 4)
+
+        def view(i):
+            """A tensor of ``shape``: its dims in any memory order, with gaps, an offset and
+            broadcast (stride 0) dims."""
+            order = data.draw(st.permutations(range(3)))
+            steps = [data.draw(st.integers(1, 3)) for _ in shape]
+            broadcast = [data.draw(st.booleans()) for _ in shape]
+            offset = data.draw(st.integers(0, 4))
+            sizes = [1 if broadcast[d] else shape[d] * steps[d] for d in order]  # outermost first
+            base = (torch.arange(offset + math.prod(sizes), dtype=torch.float32) * 0.5 - i)[offset:]
+            t = base.view(sizes).permute([order.index(d) for d in range(3)])
+            t = t[tuple(slice(None, None, 1 if broadcast[d] else steps[d]) for d in range(3))]
+            return t.expand(shape)
+
+        def fn(x):
+            return (x * 3).cumsum(1) + x.amax(0)
+
+        g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+        captured = view(0)
+        g(captured)
+        first = g(captured)
+        for i in (1, 2):
+            x = view(i)
+            out = g(x)
+            torch.testing.assert_close(out, fn(x))
+            assert out.stride() == first.stride()
+        assert g.stats.graphs == 1
 
 
 class TestStructure:
