@@ -3,8 +3,9 @@
 Every call first tries the most recently used graph. A call of another signature (an epoch's
 last, smaller minibatch; evaluation's batch size; a policy called in train and in eval mode)
 used to try every graph's full match in turn, the most expensive way to miss.
-:class:`CallIndex` remembers, per *call key* (the modes, each argument's ``shape`` and a
-tensor argument's strides, read without flattening anything), the graph such a call matched
+:class:`CallIndex` remembers, per *call key* (the modes, each argument's ``shape``, a tensor
+argument's strides and a Python scalar argument's value -- a bool flag that alternates --
+read without flattening anything), the graph such a call matched
 last; the wrapper then runs that graph's full match only. The key is a hint, never a
 decision: a graph found through it is matched in full, and a key found nowhere falls back to
 trying every graph. Signatures that share a key (the same shapes and strides, other dtypes or
@@ -26,10 +27,16 @@ from torch import Tensor
 __all__ = ["CallIndex", "call_key"]
 
 
+_VALUES = frozenset({bool, int, float, str, type(None)})
+
+
 def _arg_key(a: Any) -> Any:
     # a tensor's strides too: a row-major and a transposed call are two graphs' (their order is
-    # part of the signature, see _spec)
-    return (a.shape, a.stride()) if isinstance(a, Tensor) else getattr(a, "shape", None)
+    # part of the signature, see _spec); a Python scalar by value: a flag that alternates between
+    # calls picks its graph (max_graphs=None keeps one per value)
+    if isinstance(a, Tensor):
+        return a.shape, a.stride()
+    return a if type(a) in _VALUES else getattr(a, "shape", None)
 
 
 def call_key(args: tuple, kwargs: dict, mode: Any) -> tuple:

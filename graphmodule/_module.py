@@ -3,10 +3,16 @@
 ::
 
     WARMUP ──(call warmup+1)──► capture ──ok──► CAPTURED (every call: match, copy, replay)
-       ▲                           │                 │ new signature, max_graphs > 1: warm up, capture
+       ▲                           │                 │ new signature with room: warm up, capture
        │                           ├─fails, on_capture_failure="raise"──► FAILED (raises until reset())
        └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER
                                                            no CUDA ─────► EAGER
+
+A new signature has room where ``max_graphs=N`` graphs are not held yet, or, by default
+(``max_graphs=None``), where it differs from the held graphs only in Python values and modes
+(``_variants``), up to 8 signatures; by default each signature, the first included, is
+captured at its first call after ``warmup`` calls of its own (with ``max_graphs=N``, the first
+capture comes after ``warmup`` calls of any signatures).
 
 In ``EAGER`` a signature's "graph" is an ``EagerEntry``, which runs the function on each
 call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs,
@@ -35,15 +41,17 @@ from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_k
 from ._distributed import check_capture, explain_failure, note_capture
 from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
-from ._explain import mismatch_error
-from ._graphs import NOT_RUN, Graphs
-from ._options import Options, State
+from ._explain import explain_mismatches, mismatch_error
+from ._graphs import NOT_RUN, Graphs, Warming
+from ._mode import Mode, ModeReader, global_mode
+from ._options import AUTO_GRAPHS, Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
 from ._runners import capturing, collect_before_next_capture, make_runner
 from ._stale import Watch
 from ._stats import GraphStats
 from ._surface import WrapperSurface
+from ._variants import Room
 
 __all__ = ["CudaGraphModule"]
 
@@ -96,10 +104,15 @@ class CudaGraphModule(WrapperSurface):
             (``layer.weight = nn.Parameter(...)``, an optimizer's float ``lr``):
             ``"raise"`` (default) a :class:`StaleGraphError` naming it, or
             ``"recapture"``: drop the graph, warm up and capture again.
-        max_graphs: graphs kept for different signatures (shapes, modes...). With the
-            default 1, a call with another signature is an error.
-        on_graph_limit: with ``max_graphs`` graphs held, a new signature ``"raise"``\\ s
-            (default) or ``"evict"``\\ s the least recently used graph.
+        max_graphs: graphs kept for different signatures. ``None`` (default): a call that
+            differs from the graphs held only in Python values (non-tensor arguments: a
+            bool flag, an int, ``None`` or a value) and modes (train/eval, grad mode,
+            interaction type, autocast) gets a graph of its own, up to 8; a call whose
+            tensors differ (shape, dtype, device...) is an error. ``N``: up to ``N`` graphs
+            of any signatures, and a call with another one is an error.
+        on_graph_limit: with no room for a new signature's graph, ``"raise"`` (default),
+            or ``"evict"`` the least recently used graph (with ``max_graphs=None``, a call
+            whose tensors differ replaces every graph).
         pool: a memory pool shared with other graphs (``torch.cuda.graph_pool_handle()``
             or another wrapper's ``pool``); all graphs of a wrapper share its pool.
         backend: ``"auto"`` (CUDA graphs if CUDA is available, else eager with a
@@ -140,7 +153,7 @@ class CudaGraphModule(WrapperSurface):
         capture_error_mode: str = Options.capture_error_mode,
         on_capture_failure: str = Options.on_capture_failure,
         on_stale: str = Options.on_stale,
-        max_graphs: int = Options.max_graphs,
+        max_graphs: int | None = Options.max_graphs,
         on_graph_limit: str = Options.on_graph_limit,
         pool: Any = Options.pool,
         backend: str = Options.backend,
@@ -284,6 +297,8 @@ class CudaGraphModule(WrapperSurface):
             self._stats.input_mismatches += 1
             raise InputMismatchError(self._owner, found.entry.extra_mismatches(found.leaves, found.entry.texts,
                                                                                found.objs))
+        if self.options.max_graphs is None:
+            return self._variant(args, kwargs, mode)
         if graphs.entries:  # a signature no graph has
             if len(graphs.entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
                 if self._one_tensordict(args, kwargs):
@@ -300,6 +315,30 @@ class CudaGraphModule(WrapperSurface):
             return out
         return self._capture(args, kwargs)
 
+    def _variant(self, args: tuple, kwargs: dict, mode: Any) -> Any:
+        """``max_graphs=None``: a call no graph takes warms up and is captured, counted per
+        signature, where it differs from the graphs held only in Python values and modes
+        (``_variants``), up to ``AUTO_GRAPHS`` signatures held or warming up; else refused
+        (or, with ``on_graph_limit="evict"``, served, evicting at its capture)."""
+        graphs = self._graphs
+        warming = graphs.signature(args, kwargs, global_mode() if mode is None else mode)
+        room = graphs.room(warming, self.options.on_graph_limit)
+        if room in (Room.OTHER_TENSORS, Room.FULL) and self.options.on_graph_limit == "raise":
+            if room is Room.OTHER_TENSORS:
+                if self._one_tensordict(args, kwargs):  # see the same case in _slow
+                    out = graphs.other_batch_size(args[0], mode)
+                    if out is not NOT_SERVED:
+                        return out
+                self._raise_mismatch(self._closest(args, kwargs, mode), args, kwargs, mode)
+            self._raise_limit(args, kwargs, mode)
+        first = not graphs.entries
+        if graphs.warm(warming, self.warmup):
+            self._stats.warmup_calls += 1
+            return graphs.warmup_call(args, kwargs, first=first, warming=warming)
+        if self.options.on_graph_limit == "evict":
+            graphs.make_room_for(warming.spec)
+        return self._capture(args, kwargs, warming)
+
     def _new_signature(self, args: tuple, kwargs: dict) -> Any:
         """A call that matches no graph, with room for another (or eviction): warm up, capture."""
         graphs = self._graphs
@@ -309,7 +348,7 @@ class CudaGraphModule(WrapperSurface):
         graphs.make_room(self.options.max_graphs)
         return self._capture(args, kwargs)
 
-    def _capture(self, args: tuple, kwargs: dict) -> Any:
+    def _capture(self, args: tuple, kwargs: dict, warmed: Warming | None = None) -> Any:
         call = self._graphs.read(args, kwargs)
         watch = Watch(self.module)
         reader = self._mode or mode_reader(watch)
@@ -318,7 +357,7 @@ class CudaGraphModule(WrapperSurface):
             return self._run_eagerly(call, reader, mode, watch)
         try:
             check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
-            entry = self._graphs.capture(call, mode)
+            entry = self._graphs.capture(call, mode, warmed)
         except CaptureError as err:
             err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
             if err.cause != USER_ERROR:
@@ -329,7 +368,7 @@ class CudaGraphModule(WrapperSurface):
             out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
             # It did not raise eagerly: the capture was to blame after all.
             return self._capture_failed(err, call, mode, reader, watch, ran=out)
-        self._mode = reader
+        self._first_reader(reader)
         self._state = State.CAPTURED
         note_capture(self)  # released before its process groups are destroyed (_distributed)
         return entry.finish(call.leaves, call.objs, call.tree)
@@ -355,9 +394,16 @@ class CudaGraphModule(WrapperSurface):
     def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> Any:
         """State.EAGER: this call's signature runs eagerly from now on, checked as a graph's."""
         _, out = self._graphs.eager(call, mode, watch, ran)
-        self._mode = reader
+        self._first_reader(reader)
         self._state = State.EAGER
         return out
+
+    def _first_reader(self, reader: Any) -> None:
+        """The mode reader of the first capture (or eager signature): from now on, modes
+        include the train/eval modes of the modules it found."""
+        if self._mode is None and self.options.max_graphs is None:
+            self._graphs.know_modules(Mode(*reader.read()).modules, keep_other_tensors=self.options.on_graph_limit == "evict")
+        self._mode = reader
 
     def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         changes = entry.watch.changes()
@@ -368,9 +414,12 @@ class CudaGraphModule(WrapperSurface):
         self._graphs.drop(entry)
         if not self._graphs.entries:
             self._warmed = 0
+            self._graphs.pending.clear()  # (what they warmed up may have changed too)
             if not self._eager_only:
                 self._state = State.WARMUP
             return self._slow(args, kwargs)
+        if self.options.max_graphs is None:
+            return self._variant(args, kwargs, self._mode.read())
         return self._new_signature(args, kwargs)
 
     def _raise_mismatch(self, entry: Entry, args: tuple, kwargs: dict, mode: Any) -> None:
@@ -381,3 +430,33 @@ class CudaGraphModule(WrapperSurface):
         built = self._built is not None and bool(args) and args[0] is self._built
         raise mismatch_error(self._owner, entry.spec, (args, kwargs), self._arg_names, modes,
                              self._is_tensordict_module, entry.when, built)
+
+    def _closest(self, args: tuple, kwargs: dict, mode: Any) -> Entry:
+        """The held graph a refused call differs least from (its Python values and modes, where
+        one has them: the message then names only what is wrong), the most recently used first."""
+        def differences(entry: Entry) -> int:
+            return len(explain_mismatches(entry.spec, (args, kwargs), self._arg_names)) + (entry.mode != mode)
+
+        return min(self._graphs.entries, key=differences)
+
+    def _raise_limit(self, args: tuple, kwargs: dict, mode: Any) -> None:
+        """``max_graphs=None``: a call that differs from the graphs held only in Python values
+        and modes, with ``AUTO_GRAPHS`` signatures held or warming up: what differs from the
+        most recently used graph (or the signature last warming up), and the limit."""
+        self._stats.input_mismatches += 1
+        graphs = self._graphs
+        if graphs.entries:
+            spec, captured, when = graphs.entries[0].spec, graphs.entries[0].mode, graphs.entries[0].when
+            reader = self._mode
+        else:
+            last = graphs.last_warming()
+            spec, captured, when, reader = last.spec, last.mode, "warmed up", ModeReader([], [])
+            mode = global_mode()
+        found = explain_mismatches(spec, (args, kwargs), self._arg_names)
+        found += reader.mismatches(captured, mode) if mode != captured else []
+        raise InputMismatchError(
+            self._owner, found, when,
+            advice=f"max_graphs=None (the default) keeps a graph for each of up to {AUTO_GRAPHS} calls that "
+            f"differ only in Python values (non-tensor arguments) and modes, and this call would be one more: pass "
+            "a value that changes from call to call as a tensor, max_graphs=N to keep up to N graphs, or "
+            "on_graph_limit='evict' to replace the least recently used graph.")
