@@ -184,17 +184,26 @@ class Graphs:
 
     def warm(self, warming: Warming, warmup: int) -> bool:
         """Whether this call of ``warming``'s signature is one of its ``warmup`` calls
-        (counted); ``False`` once it has had them (forgotten: capture it)."""
+        (counted); ``False`` once it has had them: capture it (:meth:`warmed` forgets it
+        once captured; a capture refused leaves it warm, so its next call captures)."""
         if warming.calls < warmup:
             warming.calls += 1
             self.pending[warming.key] = warming
             return True
-        self.pending.pop(warming.key, None)
         return False
 
+    def warmed(self, warming: Warming | None) -> None:
+        """``warming``'s signature has its graph (or is served eagerly): no longer warming up."""
+        if warming is not None:
+            self.pending.pop(warming.key, None)
+
     def warming(self, args: tuple, kwargs: dict, mode: Any, warmup: int) -> bool:
-        """:meth:`warm` for this call (``max_graphs=N``)."""
-        return self.warm(self.signature(args, kwargs, mode), warmup)
+        """:meth:`warm` for this call (``max_graphs=N``), forgotten once warm."""
+        warming = self.signature(args, kwargs, mode)
+        if self.warm(warming, warmup):
+            return True
+        self.warmed(warming)
+        return False
 
     # -- max_graphs=None: a graph per Python value and mode (_variants) --------------------
     def room(self, warming: Warming, on_limit: str) -> Room:
@@ -213,14 +222,16 @@ class Graphs:
             del self.pending[next(iter(self.pending))]
         return Room.FULL
 
-    def make_room_for(self, spec: InputSpec) -> None:
-        """Before capturing ``spec`` (``max_graphs=None``, ``on_graph_limit="evict"``): graphs
-        of other tensors go, then the least recently used ones, so that the held graphs and
-        the signatures warming up stay under ``AUTO_GRAPHS``."""
-        tensors = tensors_of(spec)
+    def make_room_for(self, warming: Warming) -> None:
+        """Before capturing ``warming``'s signature (``max_graphs=None``,
+        ``on_graph_limit="evict"``): graphs of other tensors go, then the least recently used
+        ones, so that the graphs held and the other signatures warming up stay under
+        ``AUTO_GRAPHS`` with it."""
+        tensors = tensors_of(warming.spec)
         for entry in [e for e in self.entries if tensors_of(e.spec) != tensors]:
             self._evict(entry)
-        while self.entries and len(self.entries) + len(self.pending) >= AUTO_GRAPHS:
+        others = len(self.pending) - (warming.key in self.pending)
+        while self.entries and len(self.entries) + others >= AUTO_GRAPHS:
             self._evict(self.entries[-1])
 
     def know_modules(self, modules: tuple, keep_other_tensors: bool) -> None:

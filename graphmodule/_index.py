@@ -1,4 +1,4 @@
-"""Which graph a call goes to when a wrapper holds several (``max_graphs > 1``).
+"""Which graph a call goes to when a wrapper holds several (a flag's values, ``max_graphs=N``).
 
 Every call first tries the most recently used graph. A call of another signature (an epoch's
 last, smaller minibatch; evaluation's batch size; a policy called in train and in eval mode)

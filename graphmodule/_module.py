@@ -40,7 +40,7 @@ from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
 from ._distributed import check_capture, explain_failure, note_capture
 from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
-from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
+from ._errors import CaptureError, GraphModuleError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import explain_mismatches, mismatch_error
 from ._graphs import NOT_RUN, Graphs, Warming
 from ._mode import Mode, ModeReader, global_mode
@@ -321,7 +321,19 @@ class CudaGraphModule(WrapperSurface):
         (``_variants``), up to ``AUTO_GRAPHS`` signatures held or warming up; else refused
         (or, with ``on_graph_limit="evict"``, served, evicting at its capture)."""
         graphs = self._graphs
-        warming = graphs.signature(args, kwargs, global_mode() if mode is None else mode)
+        try:
+            warming = graphs.signature(args, kwargs, global_mode() if mode is None else mode)
+        except GraphModuleError:  # a call no capture takes (a sparse tensor, a ragged lazy stack...)
+            if graphs.entries:
+                if self.options.on_graph_limit == "raise":
+                    self._raise_mismatch(self._closest(args, kwargs, mode), args, kwargs, mode)
+                raise
+            # before any capture it runs its warmup calls, as eagerly; its capture raises why
+            if self._warmed < self.warmup:
+                self._warmed += 1
+                self._stats.warmup_calls += 1
+                return graphs.warmup_call(args, kwargs, first=True)
+            return self._capture(args, kwargs)
         room = graphs.room(warming, self.options.on_graph_limit)
         if room in (Room.OTHER_TENSORS, Room.FULL) and self.options.on_graph_limit == "raise":
             if room is Room.OTHER_TENSORS:
@@ -336,7 +348,7 @@ class CudaGraphModule(WrapperSurface):
             self._stats.warmup_calls += 1
             return graphs.warmup_call(args, kwargs, first=first, warming=warming)
         if self.options.on_graph_limit == "evict":
-            graphs.make_room_for(warming.spec)
+            graphs.make_room_for(warming)
         return self._capture(args, kwargs, warming)
 
     def _new_signature(self, args: tuple, kwargs: dict) -> Any:
@@ -354,27 +366,28 @@ class CudaGraphModule(WrapperSurface):
         reader = self._mode or mode_reader(watch)
         mode = reader.read()
         if not self._runner.captures or self._eager_only:
-            return self._run_eagerly(call, reader, mode, watch)
+            return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
         try:
             check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
             entry = self._graphs.capture(call, mode, warmed)
         except CaptureError as err:
             err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
             if err.cause != USER_ERROR:
-                return self._capture_failed(err, call, mode, reader, watch)
+                return self._capture_failed(err, call, mode, reader, watch, warmed=warmed)
             # The function raised while it was captured, with no sign of the capture being to
             # blame. Run the call eagerly: it raises as it would have (with the same partial
             # effects on the arguments), and the wrapper is unchanged.
             out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
             # It did not raise eagerly: the capture was to blame after all.
-            return self._capture_failed(err, call, mode, reader, watch, ran=out)
+            return self._capture_failed(err, call, mode, reader, watch, ran=out, warmed=warmed)
+        self._graphs.warmed(warmed)
         self._first_reader(reader)
         self._state = State.CAPTURED
         note_capture(self)  # released before its process groups are destroyed (_distributed)
         return entry.finish(call.leaves, call.objs, call.tree)
 
     def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, watch: Watch,
-                        ran: Any = NOT_RUN) -> Any:
+                        ran: Any = NOT_RUN, warmed: Warming | None = None) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""
         self._stats.capture_failures += 1
         log.warning("%s: capture failed (%s)", self._owner, err.cause)
@@ -389,11 +402,13 @@ class CudaGraphModule(WrapperSurface):
         warnings.warn(f"{err}\n{self._owner} runs eagerly from now on (on_capture_failure='eager').",
                       UserWarning, stacklevel=user_stacklevel())
         self._eager_only = True
-        return self._run_eagerly(call, reader, mode, watch, ran)
+        return self._run_eagerly(call, reader, mode, watch, ran, warmed)
 
-    def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> Any:
+    def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Watch, ran: Any = NOT_RUN,
+                     warmed: Warming | None = None) -> Any:
         """State.EAGER: this call's signature runs eagerly from now on, checked as a graph's."""
         _, out = self._graphs.eager(call, mode, watch, ran)
+        self._graphs.warmed(warmed)
         self._first_reader(reader)
         self._state = State.EAGER
         return out
