@@ -22,11 +22,12 @@ from ._dispatch import add_required, by_key_paths, fit_batch
 from ._eager import EagerEntry
 from ._entry import NOT_SERVED, OTHER, REPLAY, Entry, Verdict, decide
 from ._errors import GraphStateError
+from ._explain import explain_mismatches
 from ._grad import tracks_grad
 from ._hooks import detach_hook_weights, refuse as refuse_hooks
 from ._index import CallIndex
 from ._inputs import StaticInputs
-from ._mode import Mode, check_capture
+from ._mode import Mode, ModeReader, check_capture, global_mode
 from ._options import AUTO_GRAPHS
 from ._outputsets import OutputSets
 from ._record import CallRead, leaf_keys, read_call, record
@@ -34,7 +35,7 @@ from ._runners import Runner
 from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
-from ._variants import Room, tensors_of
+from ._variants import Room, limit_error, tensors_of
 
 __all__ = ["NOT_RUN", "Found", "Graphs", "Warming"]
 
@@ -248,9 +249,24 @@ class Graphs:
                 warming.mode = Mode(*warming.mode)._replace(modules=modules)
             self.pending[warming.key] = warming
 
-    def last_warming(self) -> Warming | None:
-        """The signature that started warming up last."""
-        return next(reversed(self.pending.values()), None)
+    def closest(self, args: tuple, kwargs: dict, mode: Any) -> Entry:
+        """The held graph a refused call differs least from (where one has its Python values
+        and modes, the message names only what is wrong), the most recently used first."""
+        def differences(entry: Entry) -> int:
+            return len(explain_mismatches(entry.spec, (args, kwargs), self.arg_names)) + (entry.mode != mode)
+
+        return min(self.entries, key=differences)
+
+    def limit_error(self, args: tuple, kwargs: dict, mode: Any, reader: ModeReader | None) -> Exception:
+        """A call with no room (``Room.FULL``): what differs from the most recently used graph
+        (before any capture, from the signature that started warming up last), and the limit."""
+        if self.entries:
+            spec, captured, when = self.entries[0].spec, self.entries[0].mode, self.entries[0].when
+        else:  # (no module modes before the first capture)
+            last = next(reversed(self.pending.values()))
+            spec, captured, when, reader, mode = last.spec, last.mode, "warmed up", ModeReader([], []), global_mode()
+        modes = reader.mismatches(captured, mode) if mode != captured else []
+        return limit_error(self.owner, spec, (args, kwargs), self.arg_names, modes, when)
 
     # -- capture -------------------------------------------------------------------------
     def read(self, args: tuple, kwargs: dict) -> CallRead:

@@ -8,11 +8,9 @@
        └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER
                                                            no CUDA ─────► EAGER
 
-A new signature has room where ``max_graphs=N`` graphs are not held yet, or, by default
-(``max_graphs=None``), where it differs from the held graphs only in Python values and modes
-(``_variants``), up to 8 signatures; by default each signature, the first included, is
-captured at its first call after ``warmup`` calls of its own (with ``max_graphs=N``, the first
-capture comes after ``warmup`` calls of any signatures).
+A new signature has room under ``max_graphs=N`` graphs, or by default where it differs from
+the held graphs only in Python values and modes (``_variants``); by default each signature, the
+first included, is captured after ``warmup`` calls of its own.
 
 In ``EAGER`` a signature's "graph" is an ``EagerEntry``, which runs the function on each
 call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs,
@@ -41,10 +39,10 @@ from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_k
 from ._distributed import check_capture, explain_failure, note_capture
 from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphModuleError, GraphStateError, InputMismatchError, StaleGraphError
-from ._explain import explain_mismatches, mismatch_error
+from ._explain import mismatch_error
 from ._graphs import NOT_RUN, Graphs, Warming
-from ._mode import Mode, ModeReader, global_mode
-from ._options import AUTO_GRAPHS, Options, State
+from ._mode import Mode, global_mode
+from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
 from ._runners import capturing, collect_before_next_capture, make_runner
@@ -326,7 +324,7 @@ class CudaGraphModule(WrapperSurface):
         except GraphModuleError:  # a call no capture takes (a sparse tensor, a ragged lazy stack...)
             if graphs.entries:
                 if self.options.on_graph_limit == "raise":
-                    self._raise_mismatch(self._closest(args, kwargs, mode), args, kwargs, mode)
+                    self._raise_mismatch(graphs.closest(args, kwargs, mode), args, kwargs, mode)
                 raise
             # before any capture it runs its warmup calls, as eagerly; its capture raises why
             if self._warmed < self.warmup:
@@ -341,8 +339,9 @@ class CudaGraphModule(WrapperSurface):
                     out = graphs.other_batch_size(args[0], mode)
                     if out is not NOT_SERVED:
                         return out
-                self._raise_mismatch(self._closest(args, kwargs, mode), args, kwargs, mode)
-            self._raise_limit(args, kwargs, mode)
+                self._raise_mismatch(graphs.closest(args, kwargs, mode), args, kwargs, mode)
+            self._stats.input_mismatches += 1
+            raise graphs.limit_error(args, kwargs, mode, self._mode)
         first = not graphs.entries
         if graphs.warm(warming, self.warmup):
             self._stats.warmup_calls += 1
@@ -414,10 +413,9 @@ class CudaGraphModule(WrapperSurface):
         return out
 
     def _first_reader(self, reader: Any) -> None:
-        """The mode reader of the first capture (or eager signature): from now on, modes
-        include the train/eval modes of the modules it found."""
+        """The first capture's mode reader: modes include its modules' train/eval from now on."""
         if self._mode is None and self.options.max_graphs is None:
-            self._graphs.know_modules(Mode(*reader.read()).modules, keep_other_tensors=self.options.on_graph_limit == "evict")
+            self._graphs.know_modules(Mode(*reader.read()).modules, self.options.on_graph_limit == "evict")
         self._mode = reader
 
     def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
@@ -446,32 +444,3 @@ class CudaGraphModule(WrapperSurface):
         raise mismatch_error(self._owner, entry.spec, (args, kwargs), self._arg_names, modes,
                              self._is_tensordict_module, entry.when, built)
 
-    def _closest(self, args: tuple, kwargs: dict, mode: Any) -> Entry:
-        """The held graph a refused call differs least from (its Python values and modes, where
-        one has them: the message then names only what is wrong), the most recently used first."""
-        def differences(entry: Entry) -> int:
-            return len(explain_mismatches(entry.spec, (args, kwargs), self._arg_names)) + (entry.mode != mode)
-
-        return min(self._graphs.entries, key=differences)
-
-    def _raise_limit(self, args: tuple, kwargs: dict, mode: Any) -> None:
-        """``max_graphs=None``: a call that differs from the graphs held only in Python values
-        and modes, with ``AUTO_GRAPHS`` signatures held or warming up: what differs from the
-        most recently used graph (or the signature last warming up), and the limit."""
-        self._stats.input_mismatches += 1
-        graphs = self._graphs
-        if graphs.entries:
-            spec, captured, when = graphs.entries[0].spec, graphs.entries[0].mode, graphs.entries[0].when
-            reader = self._mode
-        else:
-            last = graphs.last_warming()
-            spec, captured, when, reader = last.spec, last.mode, "warmed up", ModeReader([], [])
-            mode = global_mode()
-        found = explain_mismatches(spec, (args, kwargs), self._arg_names)
-        found += reader.mismatches(captured, mode) if mode != captured else []
-        raise InputMismatchError(
-            self._owner, found, when,
-            advice=f"max_graphs=None (the default) keeps a graph for each of up to {AUTO_GRAPHS} calls that "
-            f"differ only in Python values (non-tensor arguments) and modes, and this call would be one more: pass "
-            "a value that changes from call to call as a tensor, max_graphs=N to keep up to N graphs, or "
-            "on_graph_limit='evict' to replace the least recently used graph.")

@@ -30,14 +30,18 @@ train/eval, interaction type, autocast and inference mode (``_mode``).
 from __future__ import annotations
 
 import enum
+from typing import Any, Sequence
 
 import optree
 from torch import Tensor
 
+from ._errors import InputMismatchError, Mismatch
+from ._explain import explain_mismatches
+from ._options import AUTO_GRAPHS
 from ._spec import InputSpec
 from ._tree import NAMESPACE, is_slot_value
 
-__all__ = ["Leaf", "Room", "tensors_of"]
+__all__ = ["Leaf", "Room", "limit_error", "tensors_of"]
 
 
 class Leaf(enum.Enum):
@@ -67,3 +71,15 @@ def tensors_of(spec: InputSpec) -> tuple:
     tree = optree.tree_unflatten(layout.treespec, kinds)
     marks, structure = optree.tree_flatten(tree, none_is_leaf=True, namespace=NAMESPACE)
     return structure, tuple(Leaf.VALUE if mark is None else mark for mark in marks), spec.tensor_key
+
+
+def limit_error(owner: str, spec: InputSpec, tree: Any, arg_names: Sequence[str], modes: list[Mismatch],
+                when: str) -> InputMismatchError:
+    """A call refused for want of room: what differs from ``spec`` (the most recently used
+    graph's, or ``when="warmed up"``, the signature that started warming up last) and the limit."""
+    return InputMismatchError(
+        owner, explain_mismatches(spec, tree, arg_names) + modes, when,
+        advice=f"max_graphs=None (the default) keeps a graph for each of up to {AUTO_GRAPHS} calls that differ "
+        "only in Python values (non-tensor arguments) and modes, and this call would be one more: pass a value "
+        "that changes from call to call as a tensor, max_graphs=N to keep up to N graphs, or "
+        "on_graph_limit='evict' to replace the least recently used graph.")
