@@ -60,7 +60,7 @@ class Warming:
 
     spec: InputSpec  # (without its mode: ``mode`` may be read again, see Graphs.know_modules)
     mode: tuple
-    calls: int = 0
+    calls: int = 0  # its warmup calls so far (max_graphs=None: those that returned)
     keys: list | None = None  # keys of the TensorDict its last warmup call returned
     layer_hint: bool = False  # its last warmup call returned tensors that track gradients (_grad)
 
@@ -173,8 +173,10 @@ class Graphs:
             if self.returned_input is None and self.in_keys is not None and args:  # (a TensorDict module)
                 self.returned_input = out is args[0]
             self.warm_keys = leaf_keys(out)
-        if warming is not None:
+        if warming is not None:  # (counted once it ran: a warmup call that raises is not one)
             warming.keys, warming.layer_hint = leaf_keys(out), self.layer_hint
+            warming.calls += 1
+            self.pending[warming.key] = warming
         return out
 
     def signature(self, args: tuple, kwargs: dict, mode: tuple) -> Warming:
@@ -183,25 +185,19 @@ class Graphs:
         new = Warming(InputSpec(call.layout, call.leaves), mode)
         return self.pending.get(new.key, new)
 
-    def warm(self, warming: Warming, warmup: int) -> bool:
-        """Whether this call of ``warming``'s signature is one of its ``warmup`` calls
-        (counted); ``False`` once it has had them: capture it (:meth:`warmed` forgets it
-        once captured; a capture refused leaves it warm, so its next call captures)."""
-        if warming.calls < warmup:
-            warming.calls += 1
-            self.pending[warming.key] = warming
-            return True
-        return False
-
     def warmed(self, warming: Warming | None) -> None:
-        """``warming``'s signature has its graph (or is served eagerly): no longer warming up."""
+        """``warming``'s signature has its graph (or is served eagerly): no longer warming up.
+        (A capture refused leaves it warm: its next call captures.)"""
         if warming is not None:
             self.pending.pop(warming.key, None)
 
     def warming(self, args: tuple, kwargs: dict, mode: Any, warmup: int) -> bool:
-        """:meth:`warm` for this call (``max_graphs=N``), forgotten once warm."""
+        """Whether this call of a signature no graph has is one of its ``warmup`` calls
+        (counted); ``False`` once it has had them (forgotten): capture it (``max_graphs=N``)."""
         warming = self.signature(args, kwargs, mode)
-        if self.warm(warming, warmup):
+        if warming.calls < warmup:
+            warming.calls += 1
+            self.pending[warming.key] = warming
             return True
         self.warmed(warming)
         return False

@@ -342,10 +342,10 @@ class CudaGraphModule(WrapperSurface):
                 self._raise_mismatch(graphs.closest(args, kwargs, mode), args, kwargs, mode)
             self._stats.input_mismatches += 1
             raise graphs.limit_error(args, kwargs, mode, self._mode)
-        first = not graphs.entries
-        if graphs.warm(warming, self.warmup):
+        if warming.calls < self.warmup:
+            out = graphs.warmup_call(args, kwargs, first=not graphs.entries, warming=warming)
             self._stats.warmup_calls += 1
-            return graphs.warmup_call(args, kwargs, first=first, warming=warming)
+            return out
         if self.options.on_graph_limit == "evict":
             graphs.make_room_for(warming)
         return self._capture(args, kwargs, warming)

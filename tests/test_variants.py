@@ -103,6 +103,26 @@ class TestTD3Update:
         assert states == [("warmup", 1, 0), ("warmup", 2, 0), ("warmup", 3, 0), ("warmup", 4, 0),
                           ("captured", 4, 1), ("captured", 4, 2)] + [("captured", 4, 2)] * 4
 
+    def test_a_warmup_call_that_raises_is_not_counted(self, graph_backend):
+        fault = {"on": True}
+
+        def f(x, flag):
+            if fault["on"]:
+                raise RuntimeError("warmup fault")
+            return x * 2 if flag else x - 1
+
+        g = CudaGraphModule(f, warmup=2, backend=graph_backend)
+        x = torch.ones(3)
+        for flag in (True, False):
+            with pytest.raises(RuntimeError, match="warmup fault"):
+                g(x, flag)
+        assert (str(g.state), g.stats.warmup_calls) == ("warmup", 0)
+        fault["on"] = False
+        for i in range(6):
+            flag = i % 2 == 0
+            torch.testing.assert_close(g(x, flag), f(x, flag))
+        assert (g.stats.warmup_calls, g.stats.captures) == (4, 2)
+
     def test_alternating_values_replay_without_the_slow_path(self, monkeypatch):
         g = CudaGraphModule(lambda x, flag: x * 2 if flag else x - 1, warmup=1, backend="simulate")
         x = torch.ones(3)
