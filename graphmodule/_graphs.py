@@ -113,6 +113,7 @@ class Graphs:
         self.clone, self.lend, self.in_keys, self.arg_names = clone, lend, in_keys, arg_names
         self.entries: list[Entry] = []  # most recently used first
         self.index = CallIndex()  # which entry calls of other shapes or modes matched last
+        self.switching = False  # the last call replayed another graph than the one before it
         self.pending: dict[tuple, Warming] = {}  # signatures not captured yet, oldest first
         self.returned_input: bool | None = None  # a TensorDict module's warmup returned its input
         self.warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned

@@ -1,6 +1,8 @@
 """Which graph a call goes to when a wrapper holds several (a flag's values, ``max_graphs=N``).
 
-Every call first tries the most recently used graph. A call of another signature (an epoch's
+Every call first tries the most recently used graph, but one after a call that switched graphs
+(a flag that alternates at every call), which tries the graph this index names first, so that
+an alternating call costs a lookup rather than a failed match. A call of another signature (an epoch's
 last, smaller minibatch; evaluation's batch size; a policy called in train and in eval mode)
 used to try every graph's full match in turn, the most expensive way to miss.
 :class:`CallIndex` remembers, per *call key* (the modes, each argument's ``shape``, a tensor

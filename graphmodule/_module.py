@@ -224,14 +224,19 @@ class CudaGraphModule(WrapperSurface):
                 if kwargs and self._sort_kwargs:
                     kwargs = sorted_kwargs(kwargs)
                 mode = self._mode.read()
+                if graphs.switching:  # the last call switched graphs (a flag that alternates): its index first
+                    hinted = graphs.index.find(args, kwargs, mode, entries)
+                    if hinted is not None:
+                        entry = hinted
                 verdict, split = decide(entry, args, kwargs, mode)
                 if verdict is OTHER and len(entries) > 1:
-                    # another signature: the graph calls of these shapes and modes matched last
-                    entry = graphs.index.find(args, kwargs, mode, entries)
+                    # another signature: the graph calls of these shapes, values and modes matched last
+                    entry = graphs.index.find(args, kwargs, mode, entries) if entry is entries[0] else entries[0]
                     if entry is not None:
                         verdict, split = decide(entry, args, kwargs, mode)
                 if verdict is REPLAY:
-                    if entry is not entries[0]:
+                    graphs.switching = entry is not entries[0]
+                    if graphs.switching:
                         entries.remove(entry)
                         entries.insert(0, entry)
                     leaves, objs = split

@@ -84,7 +84,7 @@ class TestTD3Update:
                 for (name, p), q in zip(module.named_parameters(), twin.parameters()):
                     torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=f"call {i}: {name}")
         stats = g.stats
-        assert (stats.graphs, stats.captures, stats.input_mismatches) == (2, 2, 0)
+        assert (stats.graphs, stats.captures, stats.input_mismatches, stats.warmup_calls) == (2, 2, 0, 4)
 
     def test_each_value_warms_up_on_its_own_calls(self, graph_backend):
         """Two signatures alternating from the first call, warmup=2: each is captured at its
