@@ -10,6 +10,8 @@ import time
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 from torch import nn
 
@@ -145,6 +147,21 @@ class TestValuesAndModes:
             k = i % 3
             torch.testing.assert_close(g(x + i, k), f(x + i, k))
         assert (g.stats.graphs, g.stats.captures, g.stats.warmup_calls) == (3, 3, 3)
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.lists(st.sampled_from([True, False, 1, 0, None, "a", 2.5]), min_size=1, max_size=40))
+    def test_any_sequence_of_values_gives_the_plain_results(self, values):
+        """Values that share a call key (True and 1, False and 0 hash alike) cost a scan, never
+        a wrong graph; fewer than 8 values are all served."""
+        def f(x, v):
+            return x * 3 if v is True else x + (1 if v == 1 else 0) if v is not None else x - 5
+
+        g = CudaGraphModule(f, warmup=1, backend="simulate")
+        x = torch.arange(3.0)
+        for v in values:
+            out, want = g(x, v), f(x, v)
+            assert torch.equal(out, want)
+        assert g.stats.input_mismatches == 0 and g.stats.graphs <= len(set(map(repr, values)))
 
     def test_none_or_a_value(self, graph_backend):
         def f(x, scale=None):
