@@ -6,7 +6,6 @@ The calls alternate from the first one, as TorchRL's TD3 update does with ``upda
 """
 
 import copy
-import time
 
 import pytest
 import torch
@@ -315,23 +314,3 @@ class TestRefused:
         copied = copy.deepcopy(CudaGraphModule(policy, backend="simulate", max_graphs=3))
         assert copied.options.max_graphs == 3
 
-
-def test_cpu_overhead_of_an_alternating_flag_is_reported():
-    """Not a pass/fail speed test: prints the per-call cost of alternating two graphs of a flag
-    against calling one graph (simulated replays, so the function's own cost is included
-    equally in both)."""
-    x = torch.ones(3)
-
-    def per_call(flags):
-        g = CudaGraphModule(lambda x, flag: x * 2 if flag else x - 1, warmup=1, backend="simulate")
-        for flag in flags[:8]:
-            g(x, flag)
-        start = time.perf_counter()
-        for flag in flags:
-            g(x, flag)
-        return (time.perf_counter() - start) / len(flags)
-
-    n = 2000
-    one, alternating = per_call([True] * n), per_call([i % 2 == 0 for i in range(n)])
-    print(f"one signature: {one * 1e6:.1f} us/call; alternating flag: {alternating * 1e6:.1f} us/call")
-    assert alternating < 10 * one  # (a slow path at every call would cost far more)
