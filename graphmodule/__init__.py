@@ -12,7 +12,9 @@ Modules, one concept each:
 - ``_options``: its options (a frozen dataclass) and state (an enum).
 - ``_graphs``: the graphs a wrapper holds, and the slow path's work on them: finding a
   call's graph, warmup calls, capturing, capturing again, dropping stale and evicted ones.
-- ``_index``: which graph a call of another signature matched last (``max_graphs > 1``).
+- ``_index``: which graph a call of another signature matched last (several graphs held).
+- ``_variants``: which calls get a graph of their own by default (``max_graphs=None``): those
+  that differ from the held graphs only in Python values and modes, up to 8.
 - ``_entry``: one captured graph as one value; ``decide``, whether a call replays it (the
   one decision every path takes); the replay path.
 - ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's place.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -21,20 +22,23 @@ from ._dispatch import add_required, by_key_paths, fit_batch
 from ._eager import EagerEntry
 from ._entry import NOT_SERVED, OTHER, REPLAY, Entry, Verdict, decide
 from ._errors import GraphStateError
+from ._explain import explain_mismatches
 from ._grad import tracks_grad
 from ._hooks import detach_hook_weights
 from ._index import CallIndex
 from ._inputs import StaticInputs
-from ._mode import check_capture
+from ._mode import Mode, ModeReader, check_capture, global_mode
 from ._optim import stepping_capturable
+from ._options import AUTO_GRAPHS
 from ._outputsets import OutputSets
 from ._record import CallRead, leaf_keys, read_call, record
 from ._runners import Runner
 from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
+from ._variants import Room, limit_error, tensors_of
 
-__all__ = ["NOT_RUN", "Found", "Graphs"]
+__all__ = ["NOT_RUN", "Found", "Graphs", "Warming"]
 
 log = logging.getLogger("graphmodule")
 
@@ -46,6 +50,24 @@ class Found(NamedTuple):
     entry: Entry | None
     leaves: Any  # the call's leaves and slot values, where its signature matched
     objs: dict | None
+
+
+@dataclass
+class Warming:
+    """A signature no graph has yet: its warmup calls so far, and what the last one showed.
+
+    Counted per signature (``spec`` under ``mode``), so that signatures whose calls alternate
+    (a flag that flips at every call) each have their ``warmup`` calls before their capture."""
+
+    spec: InputSpec  # (without its mode: ``mode`` may be read again, see Graphs.know_modules)
+    mode: tuple
+    calls: int = 0  # its warmup calls so far (max_graphs=None: those that returned)
+    keys: list | None = None  # keys of the TensorDict its last warmup call returned
+    layer_hint: bool = False  # its last warmup call returned tensors that track gradients (_grad)
+
+    @property
+    def key(self) -> tuple:
+        return self.spec.key, self.mode
 
 
 _NO_GRAPH = Found(OTHER, None, None, None)
@@ -92,7 +114,8 @@ class Graphs:
         self.clone, self.lend, self.in_keys, self.arg_names = clone, lend, in_keys, arg_names
         self.entries: list[Entry] = []  # most recently used first
         self.index = CallIndex()  # which entry calls of other shapes or modes matched last
-        self.pending: dict[Any, int] = {}  # warmup calls of signatures not captured yet
+        self.switching = False  # the last call replayed another graph than the one before it
+        self.pending: dict[tuple, Warming] = {}  # signatures not captured yet, oldest first
         self.returned_input: bool | None = None  # a TensorDict module's warmup returned its input
         self.warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
         self.layer_hint = False  # the last warmup call returned tensors that track gradients (_grad)
@@ -141,9 +164,10 @@ class Graphs:
         return NOT_SERVED
 
     # -- warmup --------------------------------------------------------------------------
-    def warmup_call(self, args: tuple, kwargs: dict, first: bool) -> Any:
+    def warmup_call(self, args: tuple, kwargs: dict, first: bool, warming: Warming | None = None) -> Any:
         """A warmup call, run eagerly; ``first``: of the wrapper's first signature (its result
-        tells the capture what the eager call returns)."""
+        tells the capture what the eager call returns); ``warming``: its signature's record,
+        which keeps what the call showed for that signature's capture."""
         _untie_hook_weights(self.module)
         # the optimizers it steps made capturable before their first step, where exact (_optim)
         out = stepping_capturable(self.owner, self.module, self.runner.device,
@@ -153,19 +177,96 @@ class Graphs:
             if self.returned_input is None and self.in_keys is not None and args:  # (a TensorDict module)
                 self.returned_input = out is args[0]
             self.warm_keys = leaf_keys(out)
+        if warming is not None:  # (counted once it ran: a warmup call that raises is not one)
+            warming.keys, warming.layer_hint = leaf_keys(out), self.layer_hint
+            warming.calls += 1
+            self.pending[warming.key] = warming
         return out
+
+    def signature(self, args: tuple, kwargs: dict, mode: tuple) -> Warming:
+        """The warmup record of this call's signature (a new one, not counted yet, if none)."""
+        call = self.read(args, kwargs)
+        new = Warming(InputSpec(call.layout, call.leaves), mode)
+        return self.pending.get(new.key, new)
+
+    def warmed(self, warming: Warming | None) -> None:
+        """``warming``'s signature has its graph (or is served eagerly): no longer warming up.
+        (A capture refused leaves it warm: its next call captures.)"""
+        if warming is not None:
+            self.pending.pop(warming.key, None)
 
     def warming(self, args: tuple, kwargs: dict, mode: Any, warmup: int) -> bool:
         """Whether this call of a signature no graph has is one of its ``warmup`` calls
-        (counted); ``False`` once it has had them: capture it."""
-        call = self.read(args, kwargs)
-        key = InputSpec(call.layout, call.leaves, mode).key
-        count = self.pending.get(key, 0)
-        if count < warmup:
-            self.pending[key] = count + 1
+        (counted); ``False`` once it has had them (forgotten): capture it (``max_graphs=N``)."""
+        warming = self.signature(args, kwargs, mode)
+        if warming.calls < warmup:
+            warming.calls += 1
+            self.pending[warming.key] = warming
             return True
-        self.pending.pop(key, None)
+        self.warmed(warming)
         return False
+
+    # -- max_graphs=None: a graph per Python value and mode (_variants) --------------------
+    def room(self, warming: Warming, on_limit: str) -> Room:
+        """Whether the call of ``warming``'s signature, which no graph takes, may warm up and
+        be captured: another signature of the held graphs' tensors (all held graphs have the
+        same, see :meth:`make_room_for`), with fewer than ``AUTO_GRAPHS`` signatures held or
+        warming up. With ``on_limit="evict"``, a call with no room makes some: the oldest
+        signature warming up is forgotten (the least recently used graph goes at its capture)."""
+        if self.entries and tensors_of(warming.spec) != tensors_of(self.entries[0].spec):
+            return Room.OTHER_TENSORS
+        if warming.key in self.pending:
+            return Room.WARMING
+        if len(self.entries) + len(self.pending) < AUTO_GRAPHS:
+            return Room.NEW
+        if on_limit == "evict" and self.pending:
+            del self.pending[next(iter(self.pending))]
+        return Room.FULL
+
+    def make_room_for(self, warming: Warming) -> None:
+        """Before capturing ``warming``'s signature (``max_graphs=None``,
+        ``on_graph_limit="evict"``): graphs of other tensors go, then the least recently used
+        ones, so that the graphs held and the other signatures warming up stay under
+        ``AUTO_GRAPHS`` with it."""
+        tensors = tensors_of(warming.spec)
+        for entry in [e for e in self.entries if tensors_of(e.spec) != tensors]:
+            self._evict(entry)
+        others = len(self.pending) - (warming.key in self.pending)
+        while self.entries and len(self.entries) + others >= AUTO_GRAPHS:
+            self._evict(self.entries[-1])
+
+    def know_modules(self, modules: tuple, keep_other_tensors: bool) -> None:
+        """After the first capture, whose modules give calls their train/eval modes: the
+        signatures still warming up, counted before it without them (``_mode.global_mode``),
+        are counted under the modes the modules are in now; with ``keep_other_tensors``
+        false, those of other tensors than the graph's are forgotten (refused from now on)."""
+        tensors = tensors_of(self.entries[0].spec) if self.entries and not keep_other_tensors else None
+        pending, self.pending = self.pending, {}
+        for warming in pending.values():
+            if tensors is not None and tensors_of(warming.spec) != tensors:
+                continue
+            if not Mode(*warming.mode).modules:
+                warming.mode = Mode(*warming.mode)._replace(modules=modules)
+            self.pending[warming.key] = warming
+
+    def closest(self, args: tuple, kwargs: dict, mode: Any) -> Entry:
+        """The held graph a refused call differs least from (where one has its Python values
+        and modes, the message names only what is wrong), the most recently used first."""
+        def differences(entry: Entry) -> int:
+            return len(explain_mismatches(entry.spec, (args, kwargs), self.arg_names)) + (entry.mode != mode)
+
+        return min(self.entries, key=differences)
+
+    def limit_error(self, args: tuple, kwargs: dict, mode: Any, reader: ModeReader | None) -> Exception:
+        """A call with no room (``Room.FULL``): what differs from the most recently used graph
+        (before any capture, from the signature that started warming up last), and the limit."""
+        if self.entries:
+            spec, captured, when = self.entries[0].spec, self.entries[0].mode, self.entries[0].when
+        else:  # (no module modes before the first capture)
+            last = next(reversed(self.pending.values()))
+            spec, captured, when, reader, mode = last.spec, last.mode, "warmed up", ModeReader([], []), global_mode()
+        modes = reader.mismatches(captured, mode) if mode != captured else []
+        return limit_error(self.owner, spec, (args, kwargs), self.arg_names, modes, when)
 
     # -- capture -------------------------------------------------------------------------
     def read(self, args: tuple, kwargs: dict) -> CallRead:
@@ -173,19 +274,22 @@ class Graphs:
         by_key = by_key_paths(self.in_keys, "tensordict_out" in kwargs)  # the TensorDicts read by key
         return read_call(self.owner, (args, kwargs), by_key, self.arg_names, self.runner.device)
 
-    def capture(self, call: CallRead, mode: Any) -> Entry:
+    def capture(self, call: CallRead, mode: Any, warmed: Warming | None = None) -> Entry:
         """Capture ``call``: the new graph, the most recently used (its call's result is
-        ``entry.finish(...)``). Raises the runner's :class:`~graphmodule.CaptureError`."""
+        ``entry.finish(...)``); ``warmed``: its signature's warmup record, if counted per
+        signature. Raises the runner's :class:`~graphmodule.CaptureError`."""
+        layer_hint = self.layer_hint if warmed is None else warmed.layer_hint
+        warm_keys = self.warm_keys if warmed is None else warmed.keys
         # outputs="safe" where the pool already holds a graph (another signature's, another
         # wrapper's): results lent from this capture's memory could sit where that graph
         # writes its temporaries. This call returns copies; the next one captures it again
         # with its results copied out of the pool (a twin of it, see _twin), which lends them.
-        lend_later = self.lend and not self.layer_hint and self.runner.pool_in_use()
+        lend_later = self.lend and not layer_hint and self.runner.pool_in_use()
         _untie_hook_weights(self.module)
         entry, _ = record(owner=self.owner, module=self.module, runner=self.runner, layout=call.layout,
                           leaves=call.leaves, mode=mode, clone=self.clone, lend=self.lend and not lend_later,
-                          texts=call.texts, objs=call.objs, eager_keys=self.warm_keys if not self.entries else None,
-                          alone=self.layer_hint)
+                          texts=call.texts, objs=call.objs, eager_keys=warm_keys if not self.entries else None,
+                          alone=layer_hint)
         self.entries.insert(0, entry)
         stats = self.stats
         stats.captures += 1
@@ -254,10 +358,13 @@ class Graphs:
     def make_room(self, max_graphs: int) -> None:
         """With ``max_graphs`` held, the least recently used goes (``on_graph_limit="evict"``)."""
         if len(self.entries) >= max_graphs:
-            evicted = self.entries.pop()
-            evicted.release()
-            self.stats.evictions += 1
-            log.info("%s: evicted its least recently used graph for a new signature", self.owner)
+            self._evict(self.entries[-1])
+
+    def _evict(self, entry: Entry) -> None:
+        self.entries.remove(entry)
+        entry.release()
+        self.stats.evictions += 1
+        log.info("%s: evicted a graph for a new signature", self.owner)
 
     def release(self) -> None:
         """Every graph goes (``reset()``)."""

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older tensordict
 from . import _dictwatch
 from ._errors import Mismatch, UnsupportedError
 
-__all__ = ["Mode", "ModeReader", "check_capture", "saves_inputs"]
+__all__ = ["Mode", "ModeReader", "check_capture", "global_mode", "saves_inputs"]
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_inference = torch.is_inference_mode_enabled
@@ -78,6 +78,12 @@ def describe_autocast(state: tuple | None) -> str:
         return "off"
     on, cache = state
     return " and ".join(f"torch.autocast({device!r}, dtype={dtype}, cache_enabled={cache})" for device, dtype in on)
+
+
+def global_mode() -> tuple:
+    """The modes read without knowing the function's modules (before its first capture, when
+    its modules are not known yet): :class:`Mode`'s fields, with no module modes."""
+    return (_is_grad_enabled(), _interaction_type(), (), _autocast() if _any_autocast() else None, _is_inference())
 
 
 class ModeReader:

@@ -3,10 +3,14 @@
 ::
 
     WARMUP ──(call warmup+1)──► capture ──ok──► CAPTURED (every call: match, copy, replay)
-       ▲                           │                 │ new signature, max_graphs > 1: warm up, capture
+       ▲                           │                 │ new signature with room: warm up, capture
        │                           ├─fails, on_capture_failure="raise"──► FAILED (raises until reset())
        └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER
                                                            no CUDA ─────► EAGER
+
+A new signature has room under ``max_graphs=N`` graphs, or by default where it differs from
+the held graphs only in Python values and modes (``_variants``); by default each signature, the
+first included, is captured after ``warmup`` calls of its own.
 
 In ``EAGER`` a signature's "graph" is an ``EagerEntry``, which runs the function on each
 call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs,
@@ -34,9 +38,10 @@ from ._diagnose import USER_ERROR
 from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
 from ._distributed import check_capture, explain_failure, note_capture
 from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
-from ._errors import CaptureError, GraphStateError, InputMismatchError, StaleGraphError
+from ._errors import CaptureError, GraphModuleError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import mismatch_error
-from ._graphs import NOT_RUN, Graphs
+from ._graphs import NOT_RUN, Graphs, Warming
+from ._mode import Mode, global_mode
 from ._optim import explain as explain_optimizers
 from ._options import Options, State
 from ._paths import user_stacklevel
@@ -45,6 +50,7 @@ from ._runners import capturing, collect_before_next_capture, make_runner
 from ._stale import Watch
 from ._stats import GraphStats
 from ._surface import WrapperSurface
+from ._variants import Room
 
 __all__ = ["CudaGraphModule"]
 
@@ -97,10 +103,15 @@ class CudaGraphModule(WrapperSurface):
             (``layer.weight = nn.Parameter(...)``, an optimizer's float ``lr``):
             ``"raise"`` (default) a :class:`StaleGraphError` naming it, or
             ``"recapture"``: drop the graph, warm up and capture again.
-        max_graphs: graphs kept for different signatures (shapes, modes...). With the
-            default 1, a call with another signature is an error.
-        on_graph_limit: with ``max_graphs`` graphs held, a new signature ``"raise"``\\ s
-            (default) or ``"evict"``\\ s the least recently used graph.
+        max_graphs: graphs kept for different signatures. ``None`` (default): a call that
+            differs from the graphs held only in Python values (non-tensor arguments: a
+            bool flag, an int, ``None`` or a value) and modes (train/eval, grad mode,
+            interaction type, autocast) gets a graph of its own, up to 8; a call whose
+            tensors differ (shape, dtype, device...) is an error. ``N``: up to ``N`` graphs
+            of any signatures, and a call with another one is an error.
+        on_graph_limit: with no room for a new signature's graph, ``"raise"`` (default),
+            or ``"evict"`` the least recently used graph (with ``max_graphs=None``, a call
+            whose tensors differ replaces every graph).
         pool: a memory pool shared with other graphs (``torch.cuda.graph_pool_handle()``
             or another wrapper's ``pool``); all graphs of a wrapper share its pool.
         backend: ``"auto"`` (CUDA graphs if CUDA is available, else eager with a
@@ -141,7 +152,7 @@ class CudaGraphModule(WrapperSurface):
         capture_error_mode: str = Options.capture_error_mode,
         on_capture_failure: str = Options.on_capture_failure,
         on_stale: str = Options.on_stale,
-        max_graphs: int = Options.max_graphs,
+        max_graphs: int | None = Options.max_graphs,
         on_graph_limit: str = Options.on_graph_limit,
         pool: Any = Options.pool,
         backend: str = Options.backend,
@@ -218,14 +229,19 @@ class CudaGraphModule(WrapperSurface):
                 if kwargs and self._sort_kwargs:
                     kwargs = sorted_kwargs(kwargs)
                 mode = self._mode.read()
+                if graphs.switching:  # the last call switched graphs (a flag that alternates): its index first
+                    hinted = graphs.index.find(args, kwargs, mode, entries)
+                    if hinted is not None:
+                        entry = hinted
                 verdict, split = decide(entry, args, kwargs, mode)
                 if verdict is OTHER and len(entries) > 1:
-                    # another signature: the graph calls of these shapes and modes matched last
-                    entry = graphs.index.find(args, kwargs, mode, entries)
+                    # another signature: the graph calls of these shapes, values and modes matched last
+                    entry = graphs.index.find(args, kwargs, mode, entries) if entry is entries[0] else entries[0]
                     if entry is not None:
                         verdict, split = decide(entry, args, kwargs, mode)
                 if verdict is REPLAY:
-                    if entry is not entries[0]:
+                    graphs.switching = entry is not entries[0]
+                    if graphs.switching:
                         entries.remove(entry)
                         entries.insert(0, entry)
                     leaves, objs = split
@@ -289,6 +305,8 @@ class CudaGraphModule(WrapperSurface):
             self._stats.input_mismatches += 1
             raise InputMismatchError(self._owner, found.entry.extra_mismatches(found.leaves, found.entry.texts,
                                                                                found.objs))
+        if self.options.max_graphs is None:
+            return self._variant(args, kwargs, mode)
         if graphs.entries:  # a signature no graph has
             if len(graphs.entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
                 if self._one_tensordict(args, kwargs):
@@ -305,6 +323,43 @@ class CudaGraphModule(WrapperSurface):
             return out
         return self._capture(args, kwargs)
 
+    def _variant(self, args: tuple, kwargs: dict, mode: Any) -> Any:
+        """``max_graphs=None``: a call no graph takes warms up and is captured, counted per
+        signature, where it differs from the graphs held only in Python values and modes
+        (``_variants``), up to ``AUTO_GRAPHS`` signatures held or warming up; else refused
+        (or, with ``on_graph_limit="evict"``, served, evicting at its capture)."""
+        graphs = self._graphs
+        try:
+            warming = graphs.signature(args, kwargs, global_mode() if mode is None else mode)
+        except GraphModuleError:  # a call no capture takes (a sparse tensor, a ragged lazy stack...)
+            if graphs.entries:
+                if self.options.on_graph_limit == "raise":
+                    self._raise_mismatch(graphs.closest(args, kwargs, mode), args, kwargs, mode)
+                raise
+            # before any capture it runs its warmup calls, as eagerly; its capture raises why
+            if self._warmed < self.warmup:
+                self._warmed += 1
+                self._stats.warmup_calls += 1
+                return graphs.warmup_call(args, kwargs, first=True)
+            return self._capture(args, kwargs)
+        room = graphs.room(warming, self.options.on_graph_limit)
+        if room in (Room.OTHER_TENSORS, Room.FULL) and self.options.on_graph_limit == "raise":
+            if room is Room.OTHER_TENSORS:
+                if self._one_tensordict(args, kwargs):  # see the same case in _slow
+                    out = graphs.other_batch_size(args[0], mode)
+                    if out is not NOT_SERVED:
+                        return out
+                self._raise_mismatch(graphs.closest(args, kwargs, mode), args, kwargs, mode)
+            self._stats.input_mismatches += 1
+            raise graphs.limit_error(args, kwargs, mode, self._mode)
+        if warming.calls < self.warmup:
+            out = graphs.warmup_call(args, kwargs, first=not graphs.entries, warming=warming)
+            self._stats.warmup_calls += 1
+            return out
+        if self.options.on_graph_limit == "evict":
+            graphs.make_room_for(warming)
+        return self._capture(args, kwargs, warming)
+
     def _new_signature(self, args: tuple, kwargs: dict) -> Any:
         """A call that matches no graph, with room for another (or eviction): warm up, capture."""
         graphs = self._graphs
@@ -314,34 +369,35 @@ class CudaGraphModule(WrapperSurface):
         graphs.make_room(self.options.max_graphs)
         return self._capture(args, kwargs)
 
-    def _capture(self, args: tuple, kwargs: dict) -> Any:
+    def _capture(self, args: tuple, kwargs: dict, warmed: Warming | None = None) -> Any:
         call = self._graphs.read(args, kwargs)
         watch = Watch(self.module)
         reader = self._mode or mode_reader(watch)
         mode = reader.read()
         if not self._runner.captures or self._eager_only:
-            return self._run_eagerly(call, reader, mode, watch)
+            return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
         try:
             check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
-            entry = self._graphs.capture(call, mode)
+            entry = self._graphs.capture(call, mode, warmed)
         except CaptureError as err:
             err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
             err = explain_optimizers(err, watch, self.device)  # which optimizer, and why (_optim)
             if err.cause != USER_ERROR:
-                return self._capture_failed(err, call, mode, reader, watch)
+                return self._capture_failed(err, call, mode, reader, watch, warmed=warmed)
             # The function raised while it was captured, with no sign of the capture being to
             # blame. Run the call eagerly: it raises as it would have (with the same partial
             # effects on the arguments), and the wrapper is unchanged.
             out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
             # It did not raise eagerly: the capture was to blame after all.
-            return self._capture_failed(err, call, mode, reader, watch, ran=out)
-        self._mode = reader
+            return self._capture_failed(err, call, mode, reader, watch, ran=out, warmed=warmed)
+        self._graphs.warmed(warmed)
+        self._first_reader(reader)
         self._state = State.CAPTURED
         note_capture(self)  # released before its process groups are destroyed (_distributed)
         return entry.finish(call.leaves, call.objs, call.tree)
 
     def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, watch: Watch,
-                        ran: Any = NOT_RUN) -> Any:
+                        ran: Any = NOT_RUN, warmed: Warming | None = None) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""
         self._stats.capture_failures += 1
         log.warning("%s: capture failed (%s)", self._owner, err.cause)
@@ -356,14 +412,22 @@ class CudaGraphModule(WrapperSurface):
         warnings.warn(f"{err}\n{self._owner} runs eagerly from now on (on_capture_failure='eager').",
                       UserWarning, stacklevel=user_stacklevel())
         self._eager_only = True
-        return self._run_eagerly(call, reader, mode, watch, ran)
+        return self._run_eagerly(call, reader, mode, watch, ran, warmed)
 
-    def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> Any:
+    def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Watch, ran: Any = NOT_RUN,
+                     warmed: Warming | None = None) -> Any:
         """State.EAGER: this call's signature runs eagerly from now on, checked as a graph's."""
         _, out = self._graphs.eager(call, mode, watch, ran)
-        self._mode = reader
+        self._graphs.warmed(warmed)
+        self._first_reader(reader)
         self._state = State.EAGER
         return out
+
+    def _first_reader(self, reader: Any) -> None:
+        """The first capture's mode reader: modes include its modules' train/eval from now on."""
+        if self._mode is None and self.options.max_graphs is None:
+            self._graphs.know_modules(Mode(*reader.read()).modules, self.options.on_graph_limit == "evict")
+        self._mode = reader
 
     def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         changes = entry.watch.changes()
@@ -374,9 +438,12 @@ class CudaGraphModule(WrapperSurface):
         self._graphs.drop(entry)
         if not self._graphs.entries:
             self._warmed = 0
+            self._graphs.pending.clear()  # (what they warmed up may have changed too)
             if not self._eager_only:
                 self._state = State.WARMUP
             return self._slow(args, kwargs)
+        if self.options.max_graphs is None:
+            return self._variant(args, kwargs, self._mode.read())
         return self._new_signature(args, kwargs)
 
     def _raise_mismatch(self, entry: Entry, args: tuple, kwargs: dict, mode: Any) -> None:
@@ -387,3 +454,4 @@ class CudaGraphModule(WrapperSurface):
         built = self._built is not None and bool(args) and args[0] is self._built
         raise mismatch_error(self._owner, entry.spec, (args, kwargs), self._arg_names, modes,
                              self._is_tensordict_module, entry.when, built)
+

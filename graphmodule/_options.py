@@ -6,7 +6,11 @@ import dataclasses
 import enum
 from typing import Any
 
-__all__ = ["Options", "State"]
+__all__ = ["AUTO_GRAPHS", "Options", "State"]
+
+#: ``max_graphs=None`` (the default): the most graphs a wrapper keeps for calls that differ only in
+#: Python values and modes (as ``torch.compile`` records up to 8 variants of a function by default)
+AUTO_GRAPHS = 8
 
 
 class State(str, enum.Enum):
@@ -43,13 +47,21 @@ class Options:
 
     See its docstring for what each does; ``repr`` of a wrapper shows those that differ
     from these defaults.
+
+    ``max_graphs``: ``None`` (the default) keeps a graph for each call that differs from the
+    graphs held only in Python values (non-tensor arguments) and modes, up to
+    :data:`AUTO_GRAPHS`, and refuses a call whose tensors differ (shape, dtype, device...);
+    an int ``N`` keeps up to ``N`` graphs of any signatures.
+
+    >>> Options(max_graphs=2).changed()
+    [('max_graphs', 2)]
     """
 
     outputs: str = "safe"
     capture_error_mode: str = "thread_local"
     on_capture_failure: str = "raise"
     on_stale: str = "raise"
-    max_graphs: int = 1
+    max_graphs: int | None = None
     on_graph_limit: str = "raise"
     pool: Any = None
     backend: str = "auto"
@@ -61,8 +73,10 @@ class Options:
             if value not in allowed:
                 choices = ", ".join(repr(a) for a in allowed)
                 raise ValueError(f"{name} must be one of {choices} (got {value!r}).")
-        if isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int) or self.max_graphs < 1:
-            raise ValueError(f"max_graphs must be an int >= 1 (got {self.max_graphs!r}).")
+        limit = self.max_graphs
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"max_graphs must be None (a graph per Python value and mode, up to {AUTO_GRAPHS}) "
+                             f"or an int >= 1 (got {limit!r}).")
         if not isinstance(self.debug, bool):
             raise ValueError(f"debug must be True or False (got {self.debug!r}).")
 

@@ -134,13 +134,12 @@ class InputSpec:
             else None
         )
         self._guard = self._make_guard([leaves[i] for i in self.tensor_index])
-        self.key = (
-            layout.treespec,
+        # what the call's TensorDicts and tensors are, without its Python values and modes (_variants)
+        self.tensor_key = (
             tuple(_slot_key(slot) for slot in layout.slots),
             tuple((s, d, str(dev), rg, lay) for s, d, dev, rg, lay in self.facts),
-            tuple(_const_key(c) for c in self.constants),
-            mode,
         )
+        self.key = (layout.treespec, *self.tensor_key, tuple(_const_key(c) for c in self.constants), mode)
 
     @staticmethod
     def _make_guard(tensors: list[Tensor]):

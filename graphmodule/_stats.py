@@ -20,7 +20,8 @@ class GraphStats:
             every output set's results were held and no graph returning copies could be
             captured).
         capture_failures: captures that failed.
-        input_mismatches: calls refused because their inputs differed from the capture.
+        input_mismatches: calls refused because their inputs differed from the capture (or,
+            with ``max_graphs=None``, because 8 Python values and modes had graphs already).
         recaptures: graphs dropped because what they read changed (``on_stale="recapture"``).
         evictions: graphs dropped for a new signature (``on_graph_limit="evict"``).
         inline_calls: calls made while another wrapper was capturing (recorded into its graph).

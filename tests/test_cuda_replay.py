@@ -145,7 +145,8 @@ def test_returned_input_keeps_its_identity(cuda):
 
 
 def test_mismatches_raise_and_leave_the_wrapper_usable(cuda):
-    g = CudaGraphModule(lambda x, n: x * n, warmup=1)
+    # (max_graphs=1: by default another value of n gets a graph of its own, see test_variants)
+    g = CudaGraphModule(lambda x, n: x * n, warmup=1, max_graphs=1)
     x = torch.ones(4, device=cuda)
     g(x, 3)
     g(x, 3)
@@ -174,7 +175,7 @@ def test_cpu_input_at_capture_is_refused_with_the_device(cuda):
 
 def test_train_eval_switch_is_refused(cuda):
     net = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).to(cuda)
-    g = CudaGraphModule(net, warmup=1)
+    g = CudaGraphModule(net, warmup=1, max_graphs=1)  # (by default eval mode gets a graph of its own)
     x = torch.randn(2, 4, device=cuda)
     with torch.no_grad():
         g(x)

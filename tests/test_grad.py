@@ -425,10 +425,21 @@ class TestSignature:
         assert "module.bias: expected requires_grad False, got True" in str(info.value)
 
     def test_call_under_no_grad_is_a_grad_mode_mismatch(self, make):
-        g = self._captured(make, nn.Linear(3, 2), torch.randn(2, 3))
+        g = self._captured(make, nn.Linear(3, 2), torch.randn(2, 3), max_graphs=1)
         with torch.no_grad(), pytest.raises(InputMismatchError) as info:
             g(torch.randn(2, 3))
         assert [m.kind for m in info.value.mismatches] == ["grad_mode"]
+
+    def test_by_default_a_call_under_no_grad_has_a_plain_graph_of_its_own(self, make):
+        block = nn.Linear(3, 2)
+        g = self._captured(make, block, torch.randn(2, 3))
+        with torch.no_grad():
+            for _ in range(3):
+                x = torch.randn(2, 3)
+                out = g(x)
+                assert not out.requires_grad
+                torch.testing.assert_close(out, block(x))
+        assert g.stats.graphs == 2
 
     def test_input_requiring_grad_under_no_grad_is_a_plain_graph(self, make):
         block = nn.Linear(3, 2)
@@ -629,7 +640,8 @@ class TestRefused:
             "or compute the loss outside the wrapped function (the wrapped block then backpropagates as "
             "a layer).",
         ]
-        g(torch.randn(4, 3))  # detached inputs: captured as a train step
+        for _ in range(2):  # detached inputs: another signature, its warmup call, then captured as a train step
+            g(torch.randn(4, 3))
         assert g.state == "captured"
 
     def test_train_step_returning_its_loss_refuses_backward(self, make, graph_backend):

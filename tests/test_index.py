@@ -33,11 +33,12 @@ def _count_slow(monkeypatch, g):
 
 
 class TestCallIndex:
-    def test_the_key_is_the_modes_and_each_arguments_shape(self):
+    def test_the_key_is_the_modes_each_arguments_shape_and_a_scalars_value(self):
         x, other = torch.zeros(2, 3), torch.zeros(4)
         td_like = type("Batch", (), {"shape": torch.Size([4])})()
-        assert call_key((x, 1.5), {"obs": other, "td": td_like}, ("m",)) == (
-            ("m",), (torch.Size([2, 3]), None), ("obs", "td"), (torch.Size([4]), torch.Size([4])))
+        assert call_key((x, 1.5, [1]), {"obs": other, "td": td_like, "flag": True}, ("m",)) == (
+            ("m",), (torch.Size([2, 3]), 1.5, None), ("obs", "td", "flag"),
+            (torch.Size([4]), torch.Size([4]), True))
         # no strides: a transposed call has the key of its shape (and its graph)
         assert call_key((x.t().contiguous().t(),), {}, ()) == call_key((x,), {}, ())
 

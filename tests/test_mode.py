@@ -20,9 +20,12 @@ def _make(fn, **options):
 
 
 class TestModes:
+    """With ``max_graphs=1`` a mode switch is refused, naming the mode (by default it gets a
+    graph of its own: ``TestModesServedByDefault``)."""
+
     def test_grad_mode_is_part_of_the_signature(self):
         net = nn.Linear(3, 3)
-        g = _make(net)
+        g = _make(net, max_graphs=1)
         with torch.no_grad():
             g(X)
             g(X)
@@ -34,7 +37,7 @@ class TestModes:
 
     def test_a_submodule_switched_to_eval(self):
         net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
-        g = _make(net)
+        g = _make(net, max_graphs=1)
         with torch.no_grad():
             g(X)
             g(X)
@@ -46,7 +49,7 @@ class TestModes:
         ]
 
     def test_interaction_type(self):
-        g = _make(lambda x: x * 2)
+        g = _make(lambda x: x * 2, max_graphs=1)
         with set_interaction_type(InteractionType.RANDOM):
             g(X)
             g(X)
@@ -64,6 +67,81 @@ class TestModes:
                 if not training:
                     torch.testing.assert_close(out, net(X))
         assert g.stats.captures == 2 and g.stats.graphs == 2
+
+
+class TestModesServedByDefault:
+    """By default (``max_graphs=None``) a call under another mode gets a graph of its own, as
+    eagerly each mode runs its own branch; the modes alternate from the first call."""
+
+    def _check(self, graph_backend, enter, fn, expected_graphs=2, steps=10):
+        g = CudaGraphModule(fn, warmup=2, backend=graph_backend)
+        for step in range(steps):
+            x = torch.full((2, 3), float(step))
+            with enter(step % 2):
+                out = g(x)
+                want = fn(x)
+            assert out.dtype == want.dtype and out.requires_grad == want.requires_grad
+            assert out.is_inference() == want.is_inference()
+            torch.testing.assert_close(out.detach(), want.detach())
+        stats = g.stats
+        assert (stats.graphs, stats.captures, stats.input_mismatches) == (expected_graphs, expected_graphs, 0)
+        assert stats.warmup_calls == 2 * expected_graphs  # each mode warmed up on its own calls
+        return g
+
+    def test_grad_mode(self, graph_backend):
+        net = nn.Linear(3, 3)
+        self._check(graph_backend, lambda odd: torch.no_grad() if odd else contextlib.nullcontext(), net)
+
+    def test_inference_mode(self, graph_backend):
+        net = nn.Linear(3, 3)
+        self._check(graph_backend, lambda odd: torch.inference_mode() if odd else torch.no_grad(), net)
+
+    def test_train_and_eval(self, graph_backend):
+        net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+
+        @contextlib.contextmanager
+        def mode(odd):
+            net.train(not odd)
+            with torch.no_grad():
+                yield
+
+        torch.manual_seed(0)
+        g = CudaGraphModule(net, warmup=2, backend=graph_backend)
+        for step in range(10):
+            x = torch.full((2, 3), float(step))
+            with mode(step % 2):
+                out = g(x)
+                if step % 2:  # eval: deterministic, the eager value
+                    torch.testing.assert_close(out, net(x))
+                else:  # train: dropout's zeros, scaled by 2 elsewhere
+                    kept = out != 0
+                    torch.testing.assert_close(out[kept], (net[0](x) * 2)[kept])
+        assert (g.stats.graphs, g.stats.captures, g.stats.warmup_calls) == (2, 2, 4)
+
+    def test_interaction_type(self, graph_backend):
+        def fn(x):
+            return x * 2 if str(InteractionType.RANDOM) == str(_current_interaction()) else x - 1
+
+        types = (InteractionType.RANDOM, InteractionType.DETERMINISTIC)
+        self._check(graph_backend, lambda odd: set_interaction_type(types[odd]), fn)
+
+    def test_autocast(self, graph_backend):
+        net = nn.Linear(3, 3)
+
+        def enter(odd):
+            stack = contextlib.ExitStack()
+            stack.enter_context(torch.no_grad())
+            if odd:
+                stack.enter_context(_autocast(cache_enabled=False))
+            return stack
+
+        self._check(graph_backend, enter, net)
+
+
+def _current_interaction():
+    from tensordict.nn.probabilistic import interaction_type
+
+    return interaction_type()
 
 
 def _net():
@@ -113,7 +191,7 @@ class TestModeReader:
 
     def test_a_mode_switch_between_replays_is_refused(self):
         net = _net()
-        g = _make(net)
+        g = _make(net, max_graphs=1)
         with torch.no_grad():
             for _ in range(3):
                 g(X)
@@ -151,8 +229,11 @@ class TestGraphsPerSignature:
         assert g.stats.replays == replays + 1
 
     def test_bad_max_graphs(self):
-        with pytest.raises(ValueError, match=r"max_graphs must be an int >= 1 \(got 0\)\."):
-            _make(lambda x: x, max_graphs=0)
+        for bad in (0, True, 2.0):
+            with pytest.raises(ValueError) as info:
+                _make(lambda x: x, max_graphs=bad)
+            assert str(info.value) == (
+                f"max_graphs must be None (a graph per Python value and mode, up to 8) or an int >= 1 (got {bad!r}).")
 
 
 class TestThreads:
@@ -202,7 +283,7 @@ class TestAutocast:
 
     def test_called_under_autocast_after_a_capture_without(self, graph_backend, ones):
         net = nn.Linear(3, 3)
-        g = self._captured(net, graph_backend, ones)
+        g = self._captured(net, graph_backend, ones, max_graphs=1)
         with torch.no_grad(), _autocast(cache_enabled=False), pytest.raises(InputMismatchError) as info:
             g(ones)
         assert str(info.value) == (
@@ -215,7 +296,7 @@ class TestAutocast:
 
     def test_called_without_autocast_after_a_capture_under_it(self, graph_backend, ones):
         net = nn.Linear(3, 3)
-        g = self._captured(net, graph_backend, ones, _autocast(cache_enabled=False))
+        g = self._captured(net, graph_backend, ones, _autocast(cache_enabled=False), max_graphs=1)
         with torch.no_grad(), pytest.raises(InputMismatchError) as info:
             g(ones)
         assert [m.describe() for m in info.value.mismatches] == [
@@ -251,7 +332,8 @@ class TestAutocast:
             "or enter torch.autocast inside the wrapped function."
         )
         with torch.no_grad(), _autocast(cache_enabled=False):  # left as if the call had not been made
-            torch.testing.assert_close(g(ones), net(ones))
+            for _ in range(2):  # (its own signature: a warmup call, then its capture)
+                torch.testing.assert_close(g(ones), net(ones))
         assert g.stats.captures == 1
 
     def test_the_cast_cache_is_harmless_where_it_holds_nothing_the_graph_reads(self, graph_backend, ones):
@@ -282,7 +364,7 @@ class TestInferenceMode:
     @pytest.mark.parametrize("hold", [False, True])
     def test_captured_under_inference_mode_called_under_no_grad(self, graph_backend, hold, ones):
         net = nn.Linear(3, 3)
-        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend, max_graphs=1)
         with torch.inference_mode():
             held = [g(ones) for _ in range(3)]
         if not hold:
@@ -300,7 +382,7 @@ class TestInferenceMode:
 
     def test_captured_under_no_grad_called_under_inference_mode_with_a_result_held(self, graph_backend, ones):
         net = nn.Linear(3, 3)
-        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend, max_graphs=1)
         with torch.no_grad():
             held = [g(ones) for _ in range(3)]
         with torch.inference_mode(), pytest.raises(InputMismatchError) as info:
@@ -385,7 +467,8 @@ class TestInferenceMode:
             "To fix: pass a normal tensor (x.clone() outside inference mode, or make it under torch.no_grad()), or "
             "call the wrapper under torch.no_grad() or torch.inference_mode()."
         )
-        torch.testing.assert_close(g(ones), net(ones))  # left as if the call had not been made
+        for _ in range(2):  # left as if the call had not been made (its own warmup call, then its capture)
+            torch.testing.assert_close(g(ones), net(ones))
         assert g.stats.captures == 1
 
     def test_an_input_read_in_inference_mode_is_not_written_back(self, graph_backend, ones):

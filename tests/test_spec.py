@@ -16,8 +16,10 @@ from graphmodule import CudaGraphModule, InputMismatchError, Mismatch, RequiresG
 from graphmodule._spec import FlatCall
 
 
-def _captured(make, fn, *args, **kwargs):
-    g = make(fn, warmup=1, backend="eager")
+def _captured(make, fn, *args, max_graphs=1, **kwargs):
+    """Captured with ``max_graphs=1`` unless told: a call of another signature is refused (by
+    default, one differing only in Python values gets a graph of its own)."""
+    g = make(fn, warmup=1, backend="eager", max_graphs=max_graphs)
     g(*args, **kwargs)
     g(*args, **kwargs)  # the call that records the signature
     assert g.state == "eager"
@@ -255,6 +257,15 @@ class TestConstants:
         g = _captured(make, lambda x, flag: x + flag, torch.ones(2), 1)
         with pytest.raises(InputMismatchError):
             g(torch.ones(2), True)
+
+    def test_by_default_int_and_bool_constants_get_a_graph_each(self, make):
+        def fn(x, flag):
+            return x + (10 if flag is True else flag)
+
+        g = _captured(make, fn, torch.ones(2), 1, max_graphs=None)
+        for flag in (True, True, 1, True, 1):
+            torch.testing.assert_close(g(torch.ones(2), flag), fn(torch.ones(2), flag))
+        assert (g.stats.graphs, g.stats.input_mismatches) == (2, 0)
 
     @pytest.mark.parametrize(
         "captured, equal",

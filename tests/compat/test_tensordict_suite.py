@@ -114,6 +114,14 @@ def _set_cuda_device():
     torch.set_default_device(device)
 
 
+SERVED_VALUE = (
+    "graphmodule serves it instead (README, 'Against the alternatives'): by default a call that differs "
+    "from the graphs held only in a non-tensor value gets a graph of its own (max_graphs=None, up to 8), "
+    "so func(torch.zeros(()), 2.0) returns 2.0 as eagerly, where tensordict raises 'Varying inputs must "
+    "be torch.Tensor subclasses.' (graphmodule raises it too with max_graphs=1)"
+)
+
+
 @pytest.mark.usefixtures("_set_cuda_device")
 @pytest.mark.parametrize("compiled", [False, True])
 class TestCudaGraphs:
@@ -466,6 +474,8 @@ class TestCudaGraphs:
                 assert not func._is_tensordict_module
 
     # original: TestCudaGraphs.test_td_input_non_tdmodule_nontensor
+    @pytest.mark.xfail(torch.cuda.is_available(), strict=True, raises=pytest.fail.Exception,
+                       reason=SERVED_VALUE)
     def test_td_input_non_tdmodule_nontensor(self, compiled):
         func = lambda x, y: x + y  # noqa: E731
         func = self._make_cudagraph(func, compiled)
@@ -520,6 +530,11 @@ class TestCudaGraphs:
 # tensordict runs only with CUDA are re-declared here without the cuda marker.
 class TestCudaGraphsSimulated(TestCudaGraphs):
     REPLAYS = True
+
+    # CPU variant of TestCudaGraphs.test_td_input_non_tdmodule_nontensor (changed on purpose)
+    @pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=SERVED_VALUE)
+    def test_td_input_non_tdmodule_nontensor(self, compiled):
+        TestCudaGraphs.test_td_input_non_tdmodule_nontensor(self, compiled)
 
     @staticmethod
     def _make_cudagraph(

@@ -9,9 +9,9 @@
   target critics and target actor updated in place outside the graph (``lerp_``).
 
 TorchRL's sota-implementations/td3/td3.py instead passes ``update_actor`` as a Python
-bool to one graphed ``update``; a graph replays the branch it captured, so that shape is
-not used here (graphmodule raises InputMismatchError when the bool changes; tensordict
-0.15.3 warns and replays the captured branch).
+bool to one graphed ``update``; a graph replays the branch it captured, so graphmodule keeps
+a graph for each value of the bool (``max_graphs=None``, tests/test_variants.py) while
+tensordict 0.15.3 warns and replays the captured branch; that shape is not used here.
 """
 
 from __future__ import annotations
