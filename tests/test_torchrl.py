@@ -25,7 +25,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     pytest.importorskip("torchrl")
     import tensordict.nn
-    import torchrl.collectors._single
+    import torchrl.collectors
     from tensordict import TensorDict
     from tensordict.nn import InteractionType, TensorDictModule
     from tensordict.nn.distributions import NormalParamExtractor
@@ -300,3 +300,53 @@ def test_td3_update_with_the_alternating_actor_flag(graph_backend, capturable):
     (want, want_state), (got, got_state) = runs
     torch.testing.assert_close(got, want, **TOL)
     torch.testing.assert_close(got_state, want_state, **TOL)
+
+
+@pytest.fixture
+def bound_to_ours(graph_backend, monkeypatch):
+    """``tensordict.nn.CudaGraphModule`` bound to graphmodule's (on the test's backend), there and
+    in the torchrl modules that imported the name: the wrappers made are listed."""
+    made = []
+
+    class Ours(CudaGraphModule):
+        def __init__(self, module, *args, backend=graph_backend, **kwargs):
+            super().__init__(module, *args, backend=backend, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(tensordict.nn, "CudaGraphModule", Ours)
+    for name in TORCHRL_IMPORTERS:
+        module = __import__(name, fromlist=["CudaGraphModule"])
+        monkeypatch.setattr(module, "CudaGraphModule", Ours)
+    return made
+
+
+# the torchrl modules that did `from tensordict.nn import CudaGraphModule` (torchrl 0.14)
+TORCHRL_IMPORTERS = ["torchrl.collectors._single", "torchrl.collectors._multi_base"]
+
+
+def test_collector_policy_matches_the_plain_collector(bound_to_ours):
+    pytest.importorskip("gymnasium")
+    from torchrl.envs import GymEnv
+
+    # (torchrl 0.14 renamed SyncDataCollector to Collector)
+    Collector = getattr(torchrl.collectors, "Collector", None) or torchrl.collectors.SyncDataCollector
+    torch.manual_seed(0)
+    policy = _deterministic_actor()
+    _initialized(policy)
+    device = torch.get_default_device()
+    rollouts = []
+    for cudagraph in (False, True):
+        with torch.device("cpu"):
+            env = GymEnv("Pendulum-v1", device="cpu")
+        env.set_seed(0)  # (before the collector, which resets the env when built)
+        collector = Collector(
+            env, copy.deepcopy(policy), frames_per_batch=16, total_frames=64, device=device,
+            env_device="cpu", cudagraph_policy=cudagraph, auto_register_policy_transforms=False,
+        )
+        rollouts.append([batch.to_dict() for batch in collector])
+        collector.shutdown()
+    plain, wrapped = rollouts
+    assert len(bound_to_ours) == 1, bound_to_ours
+    assert bound_to_ours[0].stats.replays > 0, bound_to_ours[0].stats
+    torch.testing.assert_close([r["action"] for r in wrapped], [r["action"] for r in plain], **TOL)
+    torch.testing.assert_close(wrapped, plain, **TOL)
