@@ -350,3 +350,35 @@ def test_collector_policy_matches_the_plain_collector(bound_to_ours):
     assert bound_to_ours[0].stats.replays > 0, bound_to_ours[0].stats
     torch.testing.assert_close([r["action"] for r in wrapped], [r["action"] for r in plain], **TOL)
     torch.testing.assert_close(wrapped, plain, **TOL)
+
+
+def test_the_launcher_binds_ours_where_scripts_and_collectors_import_it(tmp_path):
+    """scripts/torchrl_launch.py (the published scripts' GPU run): a script run through it gets
+    graphmodule's wrapper from ``tensordict.nn`` and torchrl's collector modules, and its run is
+    a line of the results file."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys, graphmodule, torchrl.collectors._single as single\n"
+        "from tensordict.nn import CudaGraphModule\n"
+        "from torchrl.collectors import SyncDataCollector\n"  # (a name of torchrl before 0.14)
+        "assert issubclass(CudaGraphModule, graphmodule.CudaGraphModule), CudaGraphModule\n"
+        "assert single.CudaGraphModule is CudaGraphModule\n"
+        "assert sys.argv[1:] == ['collector.total_frames=1_000', 'compile.cudagraphs=True'], sys.argv\n"
+        "CudaGraphModule(lambda x: x + 1, backend='simulate')(__import__('torch').zeros(2))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = tmp_path / "results.jsonl"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "scripts", "torchrl_launch.py"), str(results), str(script),
+         "collector.total_frames=1_000", "compile.cudagraphs=True"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert (row["error"], row["cudagraphs"], row["frames"], row["wrapper"]) == (None, "True", 1000, "graphmodule")
+    assert [(g["warmup_calls"], g["eager_calls"]) for g in row["graphs"]] == [(1, 0)]
