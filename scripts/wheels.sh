@@ -8,6 +8,10 @@
 # network access for the GPU machine's Python (here 3.12):
 #   pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 tensordict pyvers \
 #     cloudpickle optree hypothesis sortedcontainers pytest-benchmark py-cpuinfo gymnasium farama-notifications
+# tests/test_torchrl.py also needs torchrl==0.14.1 (skipped without it), and
+# scripts/torchrl_scripts.sh torchrl, hydra-core, omegaconf==2.3.1, tqdm and pyyaml (the same
+# command), and antlr4-python3-runtime==4.9.3, which PyPI has as a source package only:
+#   pip wheel -w .whl --no-deps antlr4-python3-runtime==4.9.3
 # They are installed into $GM_SITE (default /tmp/graphmodule-site), put on PYTHONPATH with the
 # repository. GM_SITE_ONCE=1 skips the install where $GM_SITE already holds it.
 GM_SITE=${GM_SITE:-/tmp/graphmodule-site}
