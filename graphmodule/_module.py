@@ -360,6 +360,11 @@ class CudaGraphModule(WrapperSurface):
         return out
 
     def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
+        graphs, options = self._graphs, self.options
+        if entry.watch.other_grads() and (len(graphs.entries) < options.max_graphs or options.on_graph_limit == "evict"):
+            # .grad None where the graph found a tensor, or the reverse (gradient accumulation):
+            # another graph's call, as another signature's (_rebind.Required)
+            return self._new_signature(args, kwargs)
         changes = entry.watch.changes()
         if self.options.on_stale == "raise" or not changes:
             raise StaleGraphError(self._owner, changes or [("state", "changed")], entry.when)

@@ -44,7 +44,8 @@ attributes back as a real replay leaves them, so that CPU tests see what real gr
 from __future__ import annotations
 
 import enum
-from operator import is_
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any, Callable
 
 import torch
@@ -56,7 +57,7 @@ from ._errors import UnsupportedError
 from ._inputs import Outside
 from ._recipes import Const
 
-__all__ = ["Bindings", "GradUse", "Rebinds"]
+__all__ = ["Bindings", "GradUse", "Rebinds", "Required"]
 
 Tensor = torch.Tensor
 _ABSENT = object()
@@ -68,9 +69,85 @@ class GradUse(enum.Enum):
     KEPT = "accumulated into or read: the same tensor (or None) must be bound at every call"
     FRESH = "None at the call, a new gradient after: None is required, the new one bound after each replay"
     DROPPED = "dropped unread, a new gradient (or None) after: bound after each replay"
+    CONSUMED = ("accumulated into or read, then dropped (an optimizer step, then zero_grad()): the memory the "
+                "graph reads must be bound at every call, None bound after each replay")
 
 
-KEPT, FRESH, DROPPED = GradUse.KEPT, GradUse.FRESH, GradUse.DROPPED
+KEPT, FRESH, DROPPED, CONSUMED = GradUse.KEPT, GradUse.FRESH, GradUse.DROPPED, GradUse.CONSUMED
+_grad = attrgetter("grad")
+_data_ptr, _stride = Tensor.data_ptr, Tensor.stride
+
+
+class Required:
+    """What each call must find in the ``.grad`` the graph reads: ``None`` (its backward binds
+    a new gradient), or a tensor over the memory the graph reads (accumulates into, or an
+    optimizer step reads). Any tensor object over that memory will do (a gradient another
+    graph bound is a new object over the same buffer at each call); no reference to it is
+    kept (a lender would count it as a held result). ``torch`` makes a ``.grad`` the shape,
+    dtype and device of its tensor, so the address and the strides are what may differ.
+
+    Whether a ``.grad`` is ``None`` at the call is part of what the graph was captured for: a
+    call that finds the other state (gradient accumulation: ``None`` at the first call of a
+    cycle, a tensor at the next) is another graph's call (:meth:`other_state`)."""
+
+    def __init__(self) -> None:
+        self.none: list[Tensor] = []  # tensors whose .grad must be None
+        self.none_labels: list[str] = []
+        self.kept: list[Tensor] = []  # tensors whose .grad must be over the memory the graph reads
+        self.kept_labels: list[str] = []
+        self.ptrs: list[int] = []
+        self.strides: list[tuple] = []
+
+    def add(self, t: Tensor, grad: Tensor | None, label: str) -> None:
+        if grad is None:
+            self.none.append(t)
+            self.none_labels.append(label)
+        else:
+            self.kept.append(t)
+            self.kept_labels.append(label)
+            self.ptrs.append(_data_ptr(grad))
+            self.strides.append(grad.stride())
+
+    def __bool__(self) -> bool:
+        return bool(self.none or self.kept)
+
+    def same(self) -> bool:
+        """Whether every call's ``.grad`` is what the graph reads (C-level passes)."""
+        if self.none and not all(map(is_, map(_grad, self.none), repeat(None))):
+            return False
+        if self.kept:
+            grads = list(map(_grad, self.kept))
+            if any(map(is_, grads, repeat(None))):
+                return False
+            return list(map(_data_ptr, grads)) == self.ptrs and list(map(_stride, grads)) == self.strides
+        return True
+
+    def other_state(self) -> bool:
+        """Whether some ``.grad`` is ``None`` where the capture found a tensor, or the reverse."""
+        return (not all(map(is_, map(_grad, self.none), repeat(None)))
+                or any(map(is_, map(_grad, self.kept), repeat(None))))
+
+    def changes(self) -> list[tuple[str, str]]:
+        """``(place, what)`` of each ``.grad`` that is not what the graph reads, for messages."""
+        out = [(f"{label}.grad", _NOT_NONE) for t, label in zip(self.none, self.none_labels) if t.grad is not None]
+        for t, label, ptr, stride in zip(self.kept, self.kept_labels, self.ptrs, self.strides):
+            g = t.grad
+            if g is None:
+                out.append((f"{label}.grad", _NONE))
+            elif _data_ptr(g) != ptr or g.stride() != stride:
+                out.append((f"{label}.grad", _OTHER))
+        return out
+
+
+_NOT_NONE = ("a tensor, where the capture found None (eagerly the step's backward would add into it; the graph "
+             "makes a new gradient): set it to None before each call (zero_grad()), or pass max_graphs=2 to "
+             "capture a graph for each (gradient accumulation)")
+_NONE = ("None, where the capture found the gradient the graph accumulates into or reads: keep a gradient there "
+         "between calls (zero_grad(set_to_none=False)), or pass max_graphs=2 to capture a graph for each "
+         "(gradient accumulation)")
+_OTHER = ("a tensor over other memory than the gradient the graph accumulates into or reads (a graph reads fixed "
+          "addresses): keep that tensor between calls (zero_grad(set_to_none=False)), and hold no gradient a "
+          "graph bound past the next call")
 
 
 class _Probe(Tensor):
@@ -101,14 +178,14 @@ class Rebinds:
         ops: the effects binding ``.grad`` and attributes after each replay.
         drops: ``(tensor, placeholder)`` of the ``.grad`` the step drops at its start: bound to
             the placeholder before a lender asks whether a result is held (``_lend``).
-        required: ``(tensor, object, place)``: ``.grad`` must be that object at every call.
+        required: what each call's ``.grad`` must be (:class:`Required`).
         places: ``(id(dict), key)`` of the attributes rebound (not watched: each call binds them).
     """
 
     def __init__(self) -> None:
         self.ops: list[GradOp | AttrOp] = []
         self.drops: list[tuple[Tensor, Tensor]] = []
-        self.required: list[tuple[Tensor, Any, str]] = []
+        self.required = Required()
         self.places: frozenset = frozenset()
 
 
@@ -230,11 +307,11 @@ class Bindings:
                 continue
             before, after, label = self.grads[k], t.grad, self.labels[k]
             if use is KEPT:
-                out.required.append((t, before, label))
+                out.required.add(t, before, label)
                 continue
             rebound.append((t, Const(None) if after is None else builder.plan(after), f"{label}.grad"))
-            if use is FRESH:
-                out.required.append((t, None, label))
+            if use is FRESH or use is CONSUMED:
+                out.required.add(t, before, label)
             elif type(t) in (Tensor, torch.nn.Parameter):  # DROPPED
                 out.drops.append((t, torch.empty((), dtype=t.dtype, device=t.device).expand(t.shape)))
         return rebound
@@ -254,6 +331,8 @@ class Bindings:
                 or (after is not None and after.grad_fn is not None)  # backward(create_graph=True) added to it
                 or (first is not None and first != version)  # updated before its new gradient
                 or (first is None and after is None and updated))  # updated, then its gradient dropped
+        if read and after is None:
+            return CONSUMED  # read where it was bound at the call, then dropped: that memory is required
         if read:
             raise UnsupportedError(
                 owner,

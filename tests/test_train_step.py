@@ -144,7 +144,8 @@ class TestWhatEachCallMustFind:
         assert str(info.value).splitlines()[1] == (
             "  closure variable 'net' of _step.<locals>.step.0.weight.grad: a tensor, where the capture found None "
             "(eagerly the step's backward would add into it; the graph makes a new gradient): set it to None "
-            "before each call (zero_grad())")
+            "before each call (zero_grad()), or pass max_graphs=2 to capture a graph for each (gradient "
+            "accumulation)")
 
     def test_a_gradient_the_step_adds_into_set_to_none_between_calls(self, graph_backend):
         (net, opt), _ = _models()
@@ -155,8 +156,10 @@ class TestWhatEachCallMustFind:
         with pytest.raises(StaleGraphError) as info:
             g(*_batch(3))
         assert str(info.value).splitlines()[1] == (
-            "  closure variable 'net' of _step.<locals>.step.0.weight.grad: None, where the capture found the tensor "
-            "the graph accumulates into or reads: keep that tensor between calls (zero_grad(set_to_none=False))")
+            "  closure variable 'net' of _step.<locals>.step.0.weight.grad: None, where the capture found the "
+            "gradient the graph accumulates into or reads: keep a gradient there between calls "
+            "(zero_grad(set_to_none=False)), or pass max_graphs=2 to capture a graph for each (gradient "
+            "accumulation)")
 
 
 def _lagged(opt, net):
