@@ -366,7 +366,8 @@ class CudaGraphModule(WrapperSurface):
             # another graph's call, as another signature's (_rebind.Required)
             return self._new_signature(args, kwargs)
         changes = entry.watch.changes()
-        if self.options.on_stale == "raise" or not changes:
+        # a gradient the graph reads bound over other memory: captured again over it
+        if (self.options.on_stale == "raise" and not entry.watch.grads_moved()) or not changes:
             raise StaleGraphError(self._owner, changes or [("state", "changed")], entry.when)
         self._stats.recaptures += 1
         log.info("%s: dropping a stale graph (%s)", self._owner, "; ".join(f"{w}: {c}" for w, c in changes))

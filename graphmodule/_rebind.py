@@ -88,7 +88,9 @@ class Required:
 
     Whether a ``.grad`` is ``None`` at the call is part of what the graph was captured for: a
     call that finds the other state (gradient accumulation: ``None`` at the first call of a
-    cycle, a tensor at the next) is another graph's call (:meth:`other_state`)."""
+    cycle, a tensor at the next) is another graph's call (:meth:`other_state`). A gradient over
+    other memory (:meth:`moved`) makes the graph stale, and it is captured again over that memory
+    (as with ``on_stale="recapture"``, whatever that option says)."""
 
     def __init__(self) -> None:
         self.none: list[Tensor] = []  # tensors whose .grad must be None
@@ -126,6 +128,12 @@ class Required:
         """Whether some ``.grad`` is ``None`` where the capture found a tensor, or the reverse."""
         return (not all(map(is_, map(_grad, self.none), repeat(None)))
                 or any(map(is_, map(_grad, self.kept), repeat(None))))
+
+    def moved(self) -> bool:
+        """Whether the ``.grad`` are as at capture but for some over other memory (the graph
+        that binds them was captured after this one, or bound another set while one is held):
+        the graph is captured again, over the memory bound now."""
+        return not self.other_state() and not self.same()
 
     def changes(self) -> list[tuple[str, str]]:
         """``(place, what)`` of each ``.grad`` that is not what the graph reads, for messages."""

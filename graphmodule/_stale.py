@@ -92,6 +92,13 @@ class Watch(Discovery):
         return (grads is not None and grads.other_state() and self._places_same()
                 and _same_addresses(self._tobjs, self._tptrs, self._tindex))
 
+    def grads_moved(self) -> bool:
+        """Whether the call finds everything as at capture but a ``.grad`` the graph reads, over
+        other memory (``_rebind.Required.moved``): captured again, not refused."""
+        grads = self._grads
+        return (grads is not None and grads.moved() and self._places_same()
+                and _same_addresses(self._tobjs, self._tptrs, self._tindex))
+
     def _places_same(self) -> bool:
         """The first part of :meth:`check`: every watched place (the cold path's copy)."""
         flag = self._flag
