@@ -15,18 +15,26 @@ per call by the output sets, bound after each replay of every graph.
 capture did with the tensor bound at the call (:class:`GradUse`):
 
 - ``KEPT``: accumulated into in place, or read (``zero_grad(set_to_none=False)``, no
-  ``zero_grad`` at all, an optimizer step that found ``None``); the graph reads that tensor (or
-  its absence), so every call must find the same one: watched (``StaleGraphError`` otherwise);
+  ``zero_grad`` at all, an optimizer step that found ``None``, the actor's backward adding into
+  the critic's gradients); the graph reads that tensor's memory (or its absence), so every call
+  must find a tensor over the same memory (any object: another graph lends a new one over its
+  buffer at each call), or ``None``: :class:`Required`;
 - ``FRESH``: ``None`` at the call (``zero_grad()`` between calls), a new gradient after:
-  ``None`` is watched, the new one bound after each replay;
+  ``None`` is required, the new one bound after each replay;
+- ``CONSUMED``: accumulated into or read, then dropped (an accumulation cycle's last call:
+  backward, ``opt.step()``, ``opt.zero_grad()``): its memory is required, ``None`` bound after;
 - ``DROPPED``: a tensor at the call, dropped before anything read it, a new one (or ``None``)
   after: bound after each replay. Whether it was read is told by the parameter itself: an
   optimizer step updates it in place, so a step that updated it before its backward first gave
-  it a new gradient (``opt.step()`` before ``zero_grad()``) read the old gradient, which a
-  replay would find stale: refused. Before a lender asks whether a result is held, such a
+  it a new gradient (``opt.step()`` before ``zero_grad()``, then a backward) read the old
+  gradient where the next call finds the one the graph bound: refused. Before a lender asks whether a result is held, such a
   ``.grad`` is bound to a one-element placeholder (``_lend.DroppingLender``): the last call's
   binding is the step's to drop, not a result you hold. (A gradient set by Python rather than
   accumulated by the backward, FSDP2's sharded ones, is taken to be dropped unread.)
+
+Whether each required ``.grad`` is ``None`` is part of what a graph serves: a call finding
+the other state (gradient accumulation) is another graph's (``max_graphs``); one finding a
+gradient over other memory makes the graph capture again over it (``Required.moved``).
 
 Attributes: every entry of the ``__dict__`` of the modules and objects the function reads, and
 of the modules' ``_buffers``. One rebound to a tensor, an object or ``None`` is bound after
