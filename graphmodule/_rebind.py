@@ -52,6 +52,7 @@ attributes back as a real replay leaves them, so that CPU tests see what real gr
 from __future__ import annotations
 
 import enum
+import weakref
 from itertools import repeat
 from operator import attrgetter, is_
 from typing import Any, Callable
@@ -84,6 +85,7 @@ class GradUse(enum.Enum):
 KEPT, FRESH, DROPPED, CONSUMED = GradUse.KEPT, GradUse.FRESH, GradUse.DROPPED, GradUse.CONSUMED
 _grad = attrgetter("grad")
 _data_ptr, _stride = Tensor.data_ptr, Tensor.stride
+_deref = weakref.ref.__call__
 
 
 class Required:
@@ -107,6 +109,7 @@ class Required:
         self.kept_labels: list[str] = []
         self.ptrs: list[int] = []
         self.strides: list[tuple] = []
+        self.seen: list[weakref.ref] = []  # the gradients the last check passed (a fast path)
 
     def add(self, t: Tensor, grad: Tensor | None, label: str) -> None:
         if grad is None:
@@ -117,6 +120,7 @@ class Required:
             self.kept_labels.append(label)
             self.ptrs.append(_data_ptr(grad))
             self.strides.append(grad.stride())
+            self.seen.append(weakref.ref(grad))
 
     def __bool__(self) -> bool:
         return bool(self.none or self.kept)
@@ -129,7 +133,12 @@ class Required:
             grads = list(map(_grad, self.kept))
             if any(map(is_, grads, repeat(None))):
                 return False
-            return list(map(_data_ptr, grads)) == self.ptrs and list(map(_stride, grads)) == self.strides
+            if all(map(is_, grads, map(_deref, self.seen))):
+                return True  # the objects the last check saw (held weakly)
+            if list(map(_data_ptr, grads)) == self.ptrs and list(map(_stride, grads)) == self.strides:
+                self.seen = list(map(weakref.ref, grads))
+                return True
+            return False
         return True
 
     def other_state(self) -> bool:
