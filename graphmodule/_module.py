@@ -361,7 +361,8 @@ class CudaGraphModule(WrapperSurface):
 
     def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         graphs, options = self._graphs, self.options
-        if entry.watch.other_grads() and (len(graphs.entries) < options.max_graphs or options.on_graph_limit == "evict"):
+        room = len(graphs.entries) < options.max_graphs or options.on_graph_limit == "evict"
+        if room and entry.watch.other_grads():
             # .grad None where the graph found a tensor, or the reverse (gradient accumulation):
             # another graph's call, as another signature's (_rebind.Required)
             return self._new_signature(args, kwargs)

@@ -27,9 +27,9 @@ capture did with the tensor bound at the call (:class:`GradUse`):
   after: bound after each replay. Whether it was read is told by the parameter itself: an
   optimizer step updates it in place, so a step that updated it before its backward first gave
   it a new gradient (``opt.step()`` before ``zero_grad()``, then a backward) read the old
-  gradient where the next call finds the one the graph bound: refused. Before a lender asks whether a result is held, such a
-  ``.grad`` is bound to a one-element placeholder (``_lend.DroppingLender``): the last call's
-  binding is the step's to drop, not a result you hold. (A gradient set by Python rather than
+  gradient where the next call finds the one the graph bound: refused. Before a lender asks
+  whether a result is held, such a ``.grad`` is bound to a one-element placeholder
+  (``_lend.DroppingLender``): the last call's binding is the step's to drop, not a result you hold. (A gradient set by Python rather than
   accumulated by the backward, FSDP2's sharded ones, is taken to be dropped unread.)
 
 Whether each required ``.grad`` is ``None`` is part of what a graph serves: a call finding
