@@ -364,7 +364,7 @@ class CudaGraphModule(WrapperSurface):
         room = len(graphs.entries) < options.max_graphs or options.on_graph_limit == "evict"
         if room and entry.watch.other_grads():
             # .grad None where the graph found a tensor, or the reverse (gradient accumulation):
-            # another graph's call, as another signature's (_rebind.Required)
+            # another graph's call, as another signature's (_gradwatch.Required)
             return self._new_signature(args, kwargs)
         changes = entry.watch.changes()
         # a gradient the graph reads bound over other memory: captured again over it

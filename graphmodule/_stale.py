@@ -42,7 +42,7 @@ class Watch(Discovery):
         super().__init__(fn, rebound.places if rebound is not None else frozenset())
         self._fn, self.rebound = fn, rebound
         # what each .grad must be: over the memory the graph accumulates into or reads, or None
-        # (the step's backward binds a new one, or its optimizer skips it): _rebind.Required
+        # (the step's backward binds a new one, or its optimizer skips it): _gradwatch.Required
         self._grads = rebound.required if rebound is not None and rebound.required else None
         self._flag: _dictwatch.Flag | None = None  # dict places verified since the flag went down
         # the modules' hooks (backward ones where a backward inside the graph runs them): the
@@ -94,7 +94,7 @@ class Watch(Discovery):
 
     def grads_moved(self) -> bool:
         """Whether the call finds everything as at capture but a ``.grad`` the graph reads, over
-        other memory (``_rebind.Required.moved``): captured again, not refused."""
+        other memory (``_gradwatch.Required.moved``): captured again, not refused."""
         grads = self._grads
         return (grads is not None and grads.moved() and self._places_same()
                 and _same_addresses(self._tobjs, self._tptrs, self._tindex))
