@@ -26,7 +26,8 @@ Modules, one concept each:
   objects sit (``Ref``).
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
 - ``_rebind``: what a call rebinds outside its arguments (``.grad``, attributes): found at
-  capture, bound again after each replay, what each call must find watched.
+  capture, bound again after each replay, what each call must find watched (``_gradwatch``:
+  the ``.grad`` a graph reads, checked at each call).
 - ``_outputs``: how the graph's buffers become the call's result (``_recipes``: the typed
   records saying where each part of it comes from).
 - ``_outputsets``: ``OutputSets``, the state machine of ``outputs="safe"``: lent results,

@@ -20,7 +20,7 @@ import torch
 
 from ._dispatch import add_required, by_key_paths, fit_batch
 from ._eager import EagerEntry
-from ._entry import NOT_SERVED, OTHER, REPLAY, Entry, Verdict, decide
+from ._entry import NOT_SERVED, OTHER, REPLAY, STALE, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._explain import explain_mismatches
 from ._grad import tracks_grad
@@ -125,9 +125,13 @@ class Graphs:
         """The first graph whose signature the call has, and what :func:`decide` says of it;
         a graph it replays becomes the most recently used."""
         entries = self.entries
+        other_grads = None  # a graph captured with .grad None where the call has a tensor, or the reverse
         for n, entry in enumerate(entries):
             verdict, split = decide(entry, args, kwargs, mode)
             if verdict is OTHER:
+                continue
+            if verdict is STALE and entry.watch.other_grads():  # another graph may take it (_rebind)
+                other_grads = other_grads or Found(verdict, entry, *split)
                 continue
             if verdict is REPLAY:
                 if len(entries) > 1:
@@ -135,7 +139,7 @@ class Graphs:
                 entries.insert(0, entries.pop(n))
             leaves, objs = split
             return Found(verdict, entry, leaves, objs)
-        return _NO_GRAPH
+        return other_grads or _NO_GRAPH
 
     def fit_built(self, td: Any) -> None:
         """``td``, a TensorDict dispatch built from a keyword call, laid out for a graph of

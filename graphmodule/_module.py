@@ -430,8 +430,15 @@ class CudaGraphModule(WrapperSurface):
         self._mode = reader
 
     def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
+        graphs, options = self._graphs, self.options
+        room = len(graphs.entries) < options.max_graphs or options.on_graph_limit == "evict"
+        if room and entry.watch.other_grads():
+            # .grad None where the graph found a tensor, or the reverse (gradient accumulation):
+            # another graph's call, as another signature's (_gradwatch.Required)
+            return self._new_signature(args, kwargs)
         changes = entry.watch.changes()
-        if self.options.on_stale == "raise" or not changes:
+        # a gradient the graph reads bound over other memory: captured again over it
+        if (self.options.on_stale == "raise" and not entry.watch.grads_moved()) or not changes:
             raise StaleGraphError(self._owner, changes or [("state", "changed")], entry.when)
         self._stats.recaptures += 1
         log.info("%s: dropping a stale graph (%s)", self._owner, "; ".join(f"{w}: {c}" for w, c in changes))

@@ -15,18 +15,26 @@ per call by the output sets, bound after each replay of every graph.
 capture did with the tensor bound at the call (:class:`GradUse`):
 
 - ``KEPT``: accumulated into in place, or read (``zero_grad(set_to_none=False)``, no
-  ``zero_grad`` at all, an optimizer step that found ``None``); the graph reads that tensor (or
-  its absence), so every call must find the same one: watched (``StaleGraphError`` otherwise);
+  ``zero_grad`` at all, an optimizer step that found ``None``, the actor's backward adding into
+  the critic's gradients); the graph reads that tensor's memory (or its absence), so every call
+  must find a tensor over the same memory (any object: another graph lends a new one over its
+  buffer at each call), or ``None``: ``_gradwatch.Required``;
 - ``FRESH``: ``None`` at the call (``zero_grad()`` between calls), a new gradient after:
-  ``None`` is watched, the new one bound after each replay;
+  ``None`` is required, the new one bound after each replay;
+- ``CONSUMED``: accumulated into or read, then dropped (an accumulation cycle's last call:
+  backward, ``opt.step()``, ``opt.zero_grad()``): its memory is required, ``None`` bound after;
 - ``DROPPED``: a tensor at the call, dropped before anything read it, a new one (or ``None``)
   after: bound after each replay. Whether it was read is told by the parameter itself: an
   optimizer step updates it in place, so a step that updated it before its backward first gave
-  it a new gradient (``opt.step()`` before ``zero_grad()``) read the old gradient, which a
-  replay would find stale: refused. Before a lender asks whether a result is held, such a
-  ``.grad`` is bound to a one-element placeholder (``_lend.DroppingLender``): the last call's
-  binding is the step's to drop, not a result you hold. (A gradient set by Python rather than
+  it a new gradient (``opt.step()`` before ``zero_grad()``, then a backward) read the old
+  gradient where the next call finds the one the graph bound: refused. Before a lender asks
+  whether a result is held, such a ``.grad`` is bound to a one-element placeholder
+  (``_lend.DroppingLender``): the last call's binding is the step's to drop, not a result you hold. (A gradient set by Python rather than
   accumulated by the backward, FSDP2's sharded ones, is taken to be dropped unread.)
+
+Whether each required ``.grad`` is ``None`` is part of what a graph serves: a call finding
+the other state (gradient accumulation) is another graph's (``max_graphs``); one finding a
+gradient over other memory makes the graph capture again over it (``_gradwatch.Required``).
 
 Attributes: every entry of the ``__dict__`` of the modules and objects the function reads, and
 of the modules' ``_buffers``. One rebound to a tensor, an object or ``None`` is bound after
@@ -53,6 +61,7 @@ from torch.utils._pytree import tree_leaves
 from ._discover import _SCALARS, Discovery
 from ._effects import AttrOp, GradOp
 from ._errors import UnsupportedError
+from ._gradwatch import Required
 from ._inputs import Outside
 from ._recipes import Const
 
@@ -68,11 +77,11 @@ class GradUse(enum.Enum):
     KEPT = "accumulated into or read: the same tensor (or None) must be bound at every call"
     FRESH = "None at the call, a new gradient after: None is required, the new one bound after each replay"
     DROPPED = "dropped unread, a new gradient (or None) after: bound after each replay"
+    CONSUMED = ("accumulated into or read, then dropped (an optimizer step, then zero_grad()): the memory the "
+                "graph reads must be bound at every call, None bound after each replay")
 
 
-KEPT, FRESH, DROPPED = GradUse.KEPT, GradUse.FRESH, GradUse.DROPPED
-
-
+KEPT, FRESH, DROPPED, CONSUMED = GradUse.KEPT, GradUse.FRESH, GradUse.DROPPED, GradUse.CONSUMED
 class _Probe(Tensor):
     """A tensor attribute while a capture runs: notes each torch function that uses it (its
     value, shape or any property), which then runs on the plain tensor."""
@@ -101,14 +110,14 @@ class Rebinds:
         ops: the effects binding ``.grad`` and attributes after each replay.
         drops: ``(tensor, placeholder)`` of the ``.grad`` the step drops at its start: bound to
             the placeholder before a lender asks whether a result is held (``_lend``).
-        required: ``(tensor, object, place)``: ``.grad`` must be that object at every call.
+        required: what each call's ``.grad`` must be (:class:`Required`).
         places: ``(id(dict), key)`` of the attributes rebound (not watched: each call binds them).
     """
 
     def __init__(self) -> None:
         self.ops: list[GradOp | AttrOp] = []
         self.drops: list[tuple[Tensor, Tensor]] = []
-        self.required: list[tuple[Tensor, Any, str]] = []
+        self.required = Required()
         self.places: frozenset = frozenset()
 
 
@@ -230,11 +239,11 @@ class Bindings:
                 continue
             before, after, label = self.grads[k], t.grad, self.labels[k]
             if use is KEPT:
-                out.required.append((t, before, label))
+                out.required.add(t, before, label)
                 continue
             rebound.append((t, Const(None) if after is None else builder.plan(after), f"{label}.grad"))
-            if use is FRESH:
-                out.required.append((t, None, label))
+            if use is FRESH or use is CONSUMED:
+                out.required.add(t, before, label)
             elif type(t) in (Tensor, torch.nn.Parameter):  # DROPPED
                 out.drops.append((t, torch.empty((), dtype=t.dtype, device=t.device).expand(t.shape)))
         return rebound
@@ -254,6 +263,8 @@ class Bindings:
                 or (after is not None and after.grad_fn is not None)  # backward(create_graph=True) added to it
                 or (first is not None and first != version)  # updated before its new gradient
                 or (first is None and after is None and updated))  # updated, then its gradient dropped
+        if read and after is None:
+            return CONSUMED  # read where it was bound at the call, then dropped: that memory is required
         if read:
             raise UnsupportedError(
                 owner,

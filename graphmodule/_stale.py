@@ -41,12 +41,9 @@ class Watch(Discovery):
     def __init__(self, fn: Any, backward_hooks: bool = False, rebound: Any = None):
         super().__init__(fn, rebound.places if rebound is not None else frozenset(), backward_hooks=backward_hooks)
         self._fn, self.rebound = fn, rebound
-        # (tensor, what its .grad held at capture, place): the graph accumulates into it, or
-        # reads it (None: the step's backward binds a new one, or its optimizer skips it)
-        required = rebound.required if rebound is not None else []
-        self._grad_tensors = [t for t, _, _ in required]
-        self._grad_objects = [g for _, g, _ in required]
-        self._grad_labels = [label for _, _, label in required]
+        # what each .grad must be: over the memory the graph accumulates into or reads, or None
+        # (the step's backward binds a new one, or its optimizer skips it): _gradwatch.Required
+        self._grads = rebound.required if rebound is not None and rebound.required else None
         self._flag: _dictwatch.Flag | None = None  # dict places verified since the flag went down
         # the modules' hooks (backward ones where a backward inside the graph runs them): the
         # hooks present by identity (what they read is found by the walk), and one place that
@@ -83,10 +80,42 @@ class Watch(Discovery):
         except (KeyError, IndexError, AttributeError, TypeError, ValueError):
             self._raise()
             return False
-        if self._grad_tensors:
-            return _same_addresses(self._tobjs, self._tptrs, self._tindex) and all(
-                map(is_, map(_grad, self._grad_tensors), self._grad_objects))
+        grads = self._grads
+        if grads is not None:
+            return _same_addresses(self._tobjs, self._tptrs, self._tindex) and grads.same()
         return _same_addresses(self._tobjs, self._tptrs, self._tindex)
+
+    def other_grads(self) -> bool:
+        """Whether the call is another graph's because a ``.grad`` the graph reads is ``None``
+        where the capture found a tensor, or the reverse (everything else unchanged)."""
+        grads = self._grads
+        return (grads is not None and grads.other_state() and self._places_same()
+                and _same_addresses(self._tobjs, self._tptrs, self._tindex))
+
+    def grads_moved(self) -> bool:
+        """Whether the call finds everything as at capture but a ``.grad`` the graph reads, over
+        other memory (``_gradwatch.Required.moved``): captured again, not refused."""
+        grads = self._grads
+        return (grads is not None and grads.moved() and self._places_same()
+                and _same_addresses(self._tobjs, self._tptrs, self._tindex))
+
+    def _places_same(self) -> bool:
+        """The first part of :meth:`check`: every watched place (the cold path's copy)."""
+        flag = self._flag
+        try:
+            if flag is not None and not flag.raised:  # no watched dict changed: the others only
+                same = all(map(is_, map(getitem, self._u_containers, self._u_keys), self._u_objects))
+            else:
+                same = self._read_all()
+            if same and self._cells:
+                same = all(map(is_, map(_contents, self._cells), self._cell_objects))
+            if not same and not self._adopt(self._now()):
+                self._raise()
+                return False
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError):
+            self._raise()
+            return False
+        return True
 
     def renew(self) -> Watch:
         """A new walk from the same callable, with the same options (after a re-run rebound
@@ -207,14 +236,12 @@ class Watch(Discovery):
                 what = what_changed(now, captured, *extra)
                 if what:
                     out.append((label, what))
-        for t, captured, label in zip(self._grad_tensors, self._grad_objects, self._grad_labels):
-            if t.grad is not captured:
-                out.append((f"{label}.grad", _grad_change(t.grad, captured)))
+        if self._grads is not None:
+            out += self._grads.changes()
         return out + self.hooks.changes()
 
 
 _contents = attrgetter("cell_contents")
-_grad = attrgetter("grad")
 
 
 def _facts(t: torch.Tensor) -> tuple:
@@ -238,17 +265,6 @@ def _tensor_change(now: Any, ptr: int, facts: tuple) -> str | None:
         return (f"another view of the same memory (shape {list(now.shape)}, stride {now.stride()}; the graph "
                 f"reads it as shape {list(facts[1])}, stride {facts[2]})")
     return None
-
-
-def _grad_change(now: Any, captured: Any) -> str:
-    if captured is None:
-        return ("a tensor, where the capture found None (eagerly the step's backward would add into it; "
-                "the graph makes a new gradient): set it to None before each call (zero_grad())")
-    if now is None:
-        return ("None, where the capture found the tensor the graph accumulates into or reads: keep that "
-                "tensor between calls (zero_grad(set_to_none=False))")
-    return ("another tensor than the one the graph accumulates into or reads: keep that tensor between "
-            "calls (zero_grad(set_to_none=False))")
 
 
 def _object_change(now: Any, obj: Any) -> str | None:

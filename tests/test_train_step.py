@@ -144,7 +144,8 @@ class TestWhatEachCallMustFind:
         assert str(info.value).splitlines()[1] == (
             "  closure variable 'net' of _step.<locals>.step.0.weight.grad: a tensor, where the capture found None "
             "(eagerly the step's backward would add into it; the graph makes a new gradient): set it to None "
-            "before each call (zero_grad())")
+            "before each call (zero_grad()), or pass max_graphs=2 to capture a graph for each (gradient "
+            "accumulation)")
 
     def test_a_gradient_the_step_adds_into_set_to_none_between_calls(self, graph_backend):
         (net, opt), _ = _models()
@@ -155,8 +156,10 @@ class TestWhatEachCallMustFind:
         with pytest.raises(StaleGraphError) as info:
             g(*_batch(3))
         assert str(info.value).splitlines()[1] == (
-            "  closure variable 'net' of _step.<locals>.step.0.weight.grad: None, where the capture found the tensor "
-            "the graph accumulates into or reads: keep that tensor between calls (zero_grad(set_to_none=False))")
+            "  closure variable 'net' of _step.<locals>.step.0.weight.grad: None, where the capture found the "
+            "gradient the graph accumulates into or reads: keep a gradient there between calls "
+            "(zero_grad(set_to_none=False)), or pass max_graphs=2 to capture a graph for each (gradient "
+            "accumulation)")
 
 
 def _lagged(opt, net):
@@ -252,3 +255,186 @@ def test_gradients_bound_by_the_last_call_do_not_hold_its_output_set(graph_backe
     kept = net[0].weight.grad  # a gradient kept past the next call: that call gets another set
     g(*_batch(6))
     assert g.stats.twin_captures == 1 and net[0].weight.grad is not kept
+
+
+def _adam(params):
+    return torch.optim.Adam(params, lr=1e-2, capturable=torch.get_default_device().type == "cuda")
+
+
+def _same_grads(got, want, where):
+    for (name, p), (_, q) in zip(got, want):
+        assert (p.grad is None) == (q.grad is None), f"{where}: {name}.grad: {p.grad} vs {q.grad}"
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=f"{where}: {name}")
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"{where}: {name}.grad")
+
+
+class TestGradientAccumulation:
+    """``zero_grad()`` (``set_to_none=True``) every second call: the first call of a cycle finds
+    ``.grad`` None (its backward binds a new gradient), the second a tensor (it adds into it).
+    Each state is a graph of its own (``max_graphs=2``)."""
+
+    def test_a_step_flag_steps_every_second_call(self, graph_backend):
+        (net, opt), (twin, opt_e) = _models()
+
+        def make(net, opt):
+            def step(x, y, last):
+                loss = (net(x) - y).pow(2).mean()
+                loss.backward()
+                if last:
+                    opt.step()
+                    opt.zero_grad()
+                return loss.detach()
+
+            return step
+
+        g = CudaGraphModule(make(net, opt), warmup=2, backend=graph_backend, max_graphs=2)
+        eager = make(twin, opt_e)
+        for i in range(12):
+            last = i % 2 == 1
+            torch.testing.assert_close(g(*_batch(i), last), eager(*_batch(i), last), rtol=1e-4, atol=1e-5)
+            _same_grads(net.named_parameters(), twin.named_parameters(), f"call {i}")
+        assert (g.stats.captures, g.stats.replays) == (2, 8)
+
+    @pytest.mark.parametrize("apply", ["eager", "wrapped"])
+    @pytest.mark.parametrize("cycle", [2, 3])
+    def test_an_accumulating_call_and_a_separate_step(self, graph_backend, apply, cycle):
+        # accumulate(x, y) only runs backward; the optimizer steps and drops the gradients outside it
+        (net, opt), (twin, opt_e) = _models()
+
+        def accumulate(net):
+            def accumulate(x, y):
+                loss = (net(x) - y).pow(2).mean()
+                loss.backward()
+                return loss.detach()
+
+            return accumulate
+
+        def step(opt):
+            def apply():
+                opt.step()
+                opt.zero_grad()
+
+            return apply
+
+        g = CudaGraphModule(accumulate(net), warmup=2, backend=graph_backend, max_graphs=2)
+        g_apply = CudaGraphModule(step(opt), warmup=2, backend=graph_backend) if apply == "wrapped" else step(opt)
+        eager, eager_apply = accumulate(twin), step(opt_e)
+        for i in range(6 * cycle):
+            torch.testing.assert_close(g(*_batch(i)), eager(*_batch(i)), rtol=1e-4, atol=1e-5)
+            _same_grads(net.named_parameters(), twin.named_parameters(), f"call {i}")
+            if i % cycle == cycle - 1:
+                g_apply()
+                eager_apply()
+                _same_grads(net.named_parameters(), twin.named_parameters(), f"step after call {i}")
+        # a graph per state; one captured before the graph that binds the gradients it adds into
+        # reads other memory, and is captured again (cycle 3: the first capture finds a tensor)
+        assert (g.stats.graphs, g.stats.captures) == (2, 2 if cycle == 2 else 3)
+        if apply == "wrapped":
+            assert (g_apply.stats.graphs, g_apply.stats.captures) == (1, 1)
+
+    def test_one_graph_refuses_the_other_state_naming_max_graphs(self, graph_backend):
+        (net, opt), _ = _models()
+
+        def accumulate(x, y):
+            (net(x) - y).pow(2).mean().backward()
+
+        g = CudaGraphModule(accumulate, warmup=1, backend=graph_backend)
+        g(*_batch(0))
+        g(*_batch(1))  # captured with the gradients of the first call: it adds into them
+        opt.zero_grad()
+        with pytest.raises(StaleGraphError) as info:
+            g(*_batch(2))
+        assert str(info.value).splitlines()[1] == (
+            f"  closure variable 'net' of {accumulate.__qualname__}.0.weight.grad: None, where the capture found the "
+            "gradient the graph accumulates into or reads: keep a gradient there between calls "
+            "(zero_grad(set_to_none=False)), or pass max_graphs=2 to capture a graph for each (gradient "
+            "accumulation)")
+
+
+class _Critic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, obs, act):
+        return self.net(torch.cat([obs, act], -1))
+
+
+def _actor_critic():
+    torch.manual_seed(0)
+    critic, actor = _Critic(), nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2), nn.Tanh())
+    return (critic, actor), copy.deepcopy((critic, actor))
+
+
+def _updates(critic, actor, zero):
+    """The DDPG/TD3/SAC shape: the actor's loss backpropagates through the critic, whose
+    parameters get .grad from it; each update zeroes its optimizer's gradients (``zero``:
+    "own"), or the whole model's ("model")."""
+    critic_opt, actor_opt = _adam(critic.parameters()), _adam(actor.parameters())
+    model = nn.ModuleList([critic, actor])
+
+    def update_critic(obs, act, target):
+        loss = (critic(obs, act) - target).pow(2).mean()
+        (critic_opt if zero == "own" else model).zero_grad()
+        loss.backward()
+        critic_opt.step()
+        return loss.detach()
+
+    def update_actor(obs):
+        loss = -critic(obs, actor(obs)).mean()
+        (actor_opt if zero == "own" else model).zero_grad()
+        loss.backward()
+        actor_opt.step()
+        return loss.detach()
+
+    return update_critic, update_actor
+
+
+def _transition(i):
+    gen = torch.Generator().manual_seed(i)
+    obs, act, target = (torch.randn(5, n, generator=gen, device="cpu") for n in (4, 2, 1))
+    device = torch.get_default_device()
+    return obs.to(device), act.to(device), target.to(device)
+
+
+def _named(modules):
+    return [(f"{k}.{name}", p) for k, m in enumerate(modules) for name, p in m.named_parameters()]
+
+
+@pytest.mark.parametrize("order", ["critic_first", "actor_first"])
+@pytest.mark.parametrize("zero", ["own", "model"])
+def test_actor_and_critic_updates_wrapped_separately(graph_backend, zero, order):
+    (critic, actor), (critic_e, actor_e) = _actor_critic()
+    g_c, g_a = (CudaGraphModule(f, warmup=2, backend=graph_backend) for f in _updates(critic, actor, zero))
+    e_c, e_a = _updates(critic_e, actor_e, zero)
+    for i in range(8):
+        obs, act, target = _transition(i)
+        calls = [(g_c, e_c, (obs, act, target)), (g_a, e_a, (obs,))]
+        for g, e, args in (calls if order == "critic_first" else calls[::-1]):
+            torch.testing.assert_close(g(*args), e(*args), rtol=1e-4, atol=1e-5)
+            _same_grads(_named((critic, actor)), _named((critic_e, actor_e)), f"call {i} of {g}")
+    # the actor's graph, captured first, adds into the gradients the critic's warmup bound (zero="own"): it is
+    # captured again over those the critic's graph binds
+    assert (g_c.stats.captures, g_a.stats.captures) == (1, 1 if order == "critic_first" or zero == "model" else 2)
+
+
+def test_critic_gradients_held_past_the_next_call(graph_backend):
+    # the critic's graph binds another set of gradients while one is held (twins, then copies);
+    # the actor's graph, which adds into them, is captured again over the memory bound then:
+    # slower, and what eager gives
+    (critic, actor), (critic_e, actor_e) = _actor_critic()
+    g_c, g_a = (CudaGraphModule(f, warmup=2, backend=graph_backend) for f in _updates(critic, actor, "own"))
+    e_c, e_a = _updates(critic_e, actor_e, "own")
+    held, held_e = [], []
+    for i in range(8):
+        obs, act, target = _transition(i)
+        for g, e, args in ((g_c, e_c, (obs, act, target)), (g_a, e_a, (obs,))):
+            torch.testing.assert_close(g(*args), e(*args), rtol=1e-4, atol=1e-5)
+            _same_grads(_named((critic, actor)), _named((critic_e, actor_e)), f"call {i} of {g}")
+        held.append([p.grad for p in critic.parameters()])
+        held_e.append([p.grad for p in critic_e.parameters()])
+    for got, want in zip(held, held_e):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert g_a.stats.recaptures > 0
