@@ -135,7 +135,7 @@ class TestWhatEachCallMustFind:
 
     def test_a_gradient_left_from_the_last_call_where_zero_grad_runs_outside(self, graph_backend):
         (net, opt), _ = _models()
-        g = CudaGraphModule(_step(net, opt, zero_inside=False), warmup=1, backend=graph_backend)
+        g = CudaGraphModule(_step(net, opt, zero_inside=False), warmup=1, max_graphs=1, backend=graph_backend)
         for i in range(3):
             opt.zero_grad()
             g(*_batch(i))
@@ -149,7 +149,8 @@ class TestWhatEachCallMustFind:
 
     def test_a_gradient_the_step_adds_into_set_to_none_between_calls(self, graph_backend):
         (net, opt), _ = _models()
-        g = CudaGraphModule(_step(net, opt, zero_inside=True, set_to_none=False), warmup=1, backend=graph_backend)
+        g = CudaGraphModule(_step(net, opt, zero_inside=True, set_to_none=False), warmup=1, max_graphs=1,
+                            backend=graph_backend)
         for i in range(3):
             g(*_batch(i))
         net[0].weight.grad = None
@@ -339,7 +340,7 @@ class TestGradientAccumulation:
         def accumulate(x, y):
             (net(x) - y).pow(2).mean().backward()
 
-        g = CudaGraphModule(accumulate, warmup=1, backend=graph_backend)
+        g = CudaGraphModule(accumulate, warmup=1, max_graphs=1, backend=graph_backend)
         g(*_batch(0))
         g(*_batch(1))  # captured with the gradients of the first call: it adds into them
         opt.zero_grad()
