@@ -33,7 +33,7 @@ with warnings.catch_warnings():
     from torchrl.modules import MLP, ProbabilisticActor, QValueActor, TanhModule, TanhNormal, ValueOperator
     from torchrl.objectives import ClipPPOLoss, DDPGLoss, DQNLoss, HardUpdate, SACLoss, SoftUpdate, TD3Loss
 
-from graphmodule import CudaGraphModule
+from graphmodule import CudaGraphModule, UnsupportedError
 
 OBS, ACT, N_ACTIONS, BATCH, STEPS, WARMUP = 3, 1, 4, 8, 6, 2
 TOL = dict(rtol=1e-4, atol=1e-5)
@@ -227,6 +227,15 @@ def test_update_step_matches_the_plain_step(graph_backend, name, capturable):
     wrapped = CudaGraphModule(step, in_keys=[], out_keys=[], warmup=WARMUP, backend=graph_backend)
 
     want, want_batches = _run(plain, algo)
+    if name == "dqn":
+        # HardUpdate counts its calls in a Python int and copies the weights every few calls:
+        # Python a replay would skip, refused at capture (its step outside the wrapper is served,
+        # see test_dqn_with_the_hard_update_outside_the_step)
+        with pytest.raises(UnsupportedError) as info:
+            _run(wrapped, algo)
+        assert "the function changes Python state, which a replay (GPU work only) would not: closure variable " \
+               "'updater' of _update.<locals>.update.counter was rebound (2 → 3)." in str(info.value)
+        return
     got, got_batches = _run(wrapped, algo)
 
     for i in range(STEPS):
