@@ -29,6 +29,7 @@ import torch
 from ._diagnose import diagnose
 from ._errors import GraphStateError
 from ._paths import user_stacklevel
+from ._simulate import SimulatedGraph, record
 
 __all__ = ["CAPTURE_ERROR_MODES", "CaptureResult", "CudaRunner", "EagerRunner", "Runner", "SimulatedRunner",
            "capturing", "make_runner"]
@@ -184,23 +185,25 @@ class EagerRunner:
 
 
 class SimulatedHandle:
-    """A simulated graph: ``refresh()`` re-runs the function and updates the static results.
+    """A simulated graph (``_simulate``): the tensor operations its capture recorded.
     ``alone``: captured where a real graph would have a pool of its own (tests read it)."""
 
-    __slots__ = ("refresh", "alone", "__weakref__")
+    __slots__ = ("graph", "alone", "__weakref__")
 
-    def __init__(self, alone: bool = False) -> None:
-        self.refresh: Callable[[], None] | None = None
+    def __init__(self, graph: SimulatedGraph, alone: bool = False) -> None:
+        self.graph = graph
         self.alone = alone
 
 
 class SimulatedRunner(EagerRunner):
-    """The capture/replay protocol without CUDA (tests on a CPU machine)."""
+    """The capture/replay protocol without CUDA (tests on a CPU machine): a capture records
+    the tensor operations the function dispatches, a replay runs them and no Python
+    (see ``_simulate``)."""
 
     captures = True
 
     def __init__(self) -> None:
-        super().__init__("backend='simulate': a replay re-runs the function")
+        super().__init__("backend='simulate': a replay runs the recorded tensor operations")
         self._shared: weakref.WeakSet = weakref.WeakSet()  # live handles a real graph would have in the pool
 
     def capture(self, body: Callable[[], Any], owner: str, alone: bool = False,
@@ -208,7 +211,7 @@ class SimulatedRunner(EagerRunner):
         start = time.perf_counter()
         _enter()
         try:
-            out = body()
+            graph = record(body)
         except BaseException as exc:  # as a real capture reports a failing function
             raise diagnose(owner, exc) from exc
         finally:
@@ -216,18 +219,20 @@ class SimulatedRunner(EagerRunner):
         seconds = time.perf_counter() - start
         # as CudaRunner: alone only while the pool holds a graph; a twin shares its first's pool
         own = bool(alone) and beside is None and self.pool_in_use()
-        handle = SimulatedHandle(own)
+        handle = SimulatedHandle(graph, own)
         if not own and (beside is None or not beside.alone):
             self._shared.add(handle)
-        return CaptureResult(handle, out, 0, seconds)
+        return CaptureResult(handle, graph.out, 0, seconds)
 
     def replay(self, handle: SimulatedHandle) -> None:
-        handle.refresh()
+        handle.graph.replay()
 
     def bind_rerun(self, handle: SimulatedHandle, rerun: Callable[[], None]) -> None:
-        handle.refresh = rerun
+        pass  # a replay runs the recorded operations
 
     def release(self, handle: Any) -> None:
+        if handle is not None:
+            handle.graph.release()
         self._shared.discard(handle)
 
     def pool_in_use(self) -> bool:
