@@ -131,7 +131,9 @@ class TestModules:
 class TestOptimizers:
     def _step(self, lr):
         net = nn.Linear(3, 1)
-        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        # fused: the step count stays a tensor (a CPU's capturable Adam; the plain one reads it on
+        # the host, which a capture refuses)
+        opt = torch.optim.Adam(net.parameters(), lr=lr, fused=True)
 
         def step(x):
             opt.zero_grad(set_to_none=False)
