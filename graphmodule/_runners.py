@@ -5,9 +5,9 @@ Three runners share one protocol (:class:`Runner`), so that the wrapper never as
 one it has:
 
 - ``CudaRunner``: real CUDA graphs, all captured into one memory pool.
-- ``SimulatedRunner``: the same protocol on any device; a "replay" re-runs the
-  function on the static buffers and copies its results into the captured ones, so
-  that buffer handling can be tested on a CPU machine.
+- ``SimulatedRunner``: the same protocol on any device; a capture records the tensor
+  operations the function dispatches and a replay runs them, and no Python, on the same
+  memory (``_simulate``), so that what a GPU's replay does can be tested on a CPU machine.
 - ``EagerRunner``: no graph; the function runs at every call (the CPU fallback).
 
 ``capture(body, owner)`` returns a :class:`CaptureResult`: a handle to replay, what
@@ -105,10 +105,6 @@ class Runner(Protocol):
     def release(self, handle: Any) -> None:
         """Free a graph (its memory goes back to the pool)."""
 
-    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
-        """What a replay of ``handle`` runs where a replay re-runs the function (simulated
-        graphs); a runner with real graphs ignores it."""
-
     def on_capture_stream(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` with the stream the graphs were captured on current (a layer's
         autograd node is made there, see ``_grad``)."""
@@ -156,9 +152,6 @@ class EagerRunner:
         raise GraphStateError("an eager runner holds no graph to replay.")
 
     def release(self, handle: Any) -> None:
-        pass
-
-    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
         pass
 
     def on_capture_stream(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -226,9 +219,6 @@ class SimulatedRunner(EagerRunner):
 
     def replay(self, handle: SimulatedHandle) -> None:
         handle.graph.replay()
-
-    def bind_rerun(self, handle: SimulatedHandle, rerun: Callable[[], None]) -> None:
-        pass  # a replay runs the recorded operations
 
     def release(self, handle: Any) -> None:
         if handle is not None:
@@ -312,9 +302,6 @@ class CudaRunner:
             return fn(*args)
         finally:
             torch.cuda.set_stream(caller)
-
-    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
-        pass  # a replay runs the captured kernels
 
     def cuda_graph(self, handle: Any) -> torch.cuda.CUDAGraph | None:
         return handle if isinstance(handle, torch.cuda.CUDAGraph) else None  # (not an _EmptyGraph)

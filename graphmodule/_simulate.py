@@ -28,6 +28,8 @@ tensor([3., 3.])
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -80,12 +82,18 @@ class SimulatedGraph:
     ``replay()`` runs them in order; ``release()`` drops them and the memory they hold
     (a graph keeps its pool's memory until it is released too)."""
 
-    __slots__ = ("ops", "out")
+    __slots__ = ("ops", "out", "freed")
 
-    def __init__(self, ops: list[Op], out: Any) -> None:
+    def __init__(self, ops: list[Op], out: Any, freed: list[tuple[Any, int, int]] = ()) -> None:
         self.ops, self.out = ops, out
+        # memory the function freed by hand after using it (FSDP's all-gather buffers:
+        # storage.resize_(0)), as (storage, bytes while used, bytes at the end): a graph's
+        # kernels keep their addresses in its pool; a replay gives it back while it runs
+        self.freed = list(freed)
 
     def replay(self) -> None:
+        for storage, used, _ in self.freed:
+            storage.resize_(used)
         # below autograd and autocast, as kernels are: no autograd graph, no version bumps, no
         # casts the capture did not record (those it did are among the operations)
         with torch._C._AutoDispatchBelowADInplaceOrView(), torch._C._DisableAutocast():
@@ -95,10 +103,39 @@ class SimulatedGraph:
                     fresh = tree_leaves(result)
                     for position, captured in made:
                         captured.copy_(fresh[position])
+        for storage, _, end in self.freed:
+            storage.resize_(end)
 
     def release(self) -> None:
-        self.ops = []
+        self.ops, self.freed = [], []
         self.out = None
+
+
+def _storage(t: Any) -> Any:
+    """The memory of a plain tensor (``None`` for anything else: a wrapper subclass such as
+    DTensor has none of its own, its local tensors do)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        storage = t.untyped_storage()
+        storage.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return storage
+
+
+def _in_engine() -> bool:
+    """Whether the operation comes from C++ code the autograd engine runs (DDP's reducer reading
+    its bookkeeping, host tensors on a GPU too), not from Python: the innermost Python frame
+    outside torch's dispatch wrappers is the engine's entry."""
+    frame = sys._getframe(2)
+    while frame is not None and any(part in frame.f_code.co_filename for part in _WRAPPERS):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_name == "_engine_run_backward"
+
+
+_WRAPPERS = (os.path.join("torch", "_dynamo", ""), os.path.join("torch", "_compile.py"),
+             os.path.join("torch", "utils", "_python_dispatch"))
 
 
 def _masked(args: tuple) -> bool:
@@ -116,13 +153,34 @@ class _Recorder(TorchDispatchMode):
         # leaves it so (a CUDA capture records its kernels without running them)
         self.saved: dict[int, tuple[Any, Any]] = {}
         self.new: set[int] = set()  # memory the capture allocated
+        self.used: dict[int, tuple[Any, int]] = {}  # each storage an operation used, its largest size then
+
+    def freed(self) -> list[tuple[Any, int, int]]:
+        """Storages smaller now than when an operation used them (see ``SimulatedGraph.freed``)."""
+        return [(storage, used, storage.nbytes()) for storage, used in self.used.values() if storage.nbytes() < used]
+
+    def _use(self, tensors: Any) -> None:
+        for t in tensors:
+            storage = _storage(t)
+            if storage is not None:
+                key, size = storage.data_ptr(), storage.nbytes()
+                if size and self.used.get(key, (None, 0))[1] < size:
+                    self.used[key] = (storage, size)
 
     def restore(self) -> None:
         """Put back what the function wrote into memory it did not allocate."""
         with torch._C._AutoDispatchBelowADInplaceOrView():
             for storage, before in self.saved.values():
+                if storage.nbytes() != before.nbytes():  # (freed or grown since: FSDP's all-gather buffers)
+                    storage.resize_(before.nbytes())
                 storage.copy_(before)
         self.saved.clear()
+
+    def _allocated(self, tensors: Any) -> None:
+        for t in tensors:
+            storage = _storage(t)
+            if storage is not None:
+                self.new.add(storage.data_ptr())
 
     def _save(self, schema: Any, args: tuple, kwargs: dict) -> None:
         for arg in schema.arguments:
@@ -133,30 +191,44 @@ class _Recorder(TorchDispatchMode):
                 index = schema.arguments.index(arg)
                 value = args[index] if index < len(args) else None
             for t in tree_leaves(value):
-                if isinstance(t, torch.Tensor):
-                    storage = t.untyped_storage()
-                    key = storage.data_ptr()
-                    if key not in self.saved and key not in self.new and storage.nbytes():
-                        self.saved[key] = (storage, storage.clone())
+                storage = _storage(t)
+                key = storage.data_ptr() if storage is not None else None
+                if storage is not None and key not in self.saved and key not in self.new and storage.nbytes():
+                    self.saved[key] = (storage, storage.clone())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         schema = func._schema
         name = schema.name
-        if name in _READS_ON_HOST or (name in _MASK_INDEXED and _masked(args)):
+        if (name in _READS_ON_HOST or (name in _MASK_INDEXED and _masked(args))) and not _in_engine():
             raise RuntimeError(HOST_SYNC)
         if schema.is_mutable:
             self._save(schema, args, kwargs)
         result = func(*args, **kwargs)
         if name in _ALLOCATIONS:
-            self.new.update(t.untyped_storage().data_ptr() for t in tree_leaves(result) if isinstance(t, torch.Tensor))
+            self._allocated(tree_leaves(result))
             return result
         made = _made(schema, result, args, kwargs)
-        self.new.update(t.untyped_storage().data_ptr() for _, t in made)
+        self._allocated(t for _, t in made)
         if made or schema.is_mutable:
-            self.ops.append(Op(func, args, kwargs, made))
+            self._use(tree_leaves((args, kwargs)))
+            self.ops.append(Op(_waited(func) if func.namespace == "c10d" else func, args, kwargs, made))
         # (else a view, or a query of metadata: the capture's result stands at every replay)
         return result
+
+
+def _waited(func: Any) -> Callable[..., Any]:
+    """A collective (``c10d``) that a replay waits for, as the function did after it at capture:
+    on a CPU its work is asynchronous (gloo), where a graph's is ordered on the stream."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = func(*args, **kwargs)
+        for leaf in tree_leaves(result):
+            if isinstance(leaf, torch.ScriptObject) and hasattr(leaf, "wait"):
+                leaf.wait()
+        return result
+
+    return run
 
 
 def _made(schema: Any, result: Any, args: tuple, kwargs: dict) -> tuple:
@@ -187,4 +259,4 @@ def record(body: Callable[[], Any]) -> SimulatedGraph:
     except BaseException:
         recorder.restore()
         raise
-    return SimulatedGraph(recorder.ops, out)
+    return SimulatedGraph(recorder.ops, out, recorder.freed())

@@ -8,9 +8,8 @@ replay runs no Python: what a capture bound stays bound, and a second capture of
 of every graph, ``p.grad``, the parameters and every attribute the step rebinds must be what
 the plain step leaves.
 
-Simulated replays re-run the function (its Python included) and then put ``.grad`` and the
-attributes back as they were, as a real replay leaves them; the ``cuda`` variants run real
-graphs.
+Simulated replays run the recorded tensor operations and no Python, as a real replay; the
+``cuda`` variants run real graphs.
 """
 
 import copy
