@@ -126,9 +126,10 @@ def train(args) -> None:
     iterations_done = torch.zeros((), device=device)
     cuda, compiling = device.type == "cuda", args.mode in ("compile", "compile+graph")
     # CUDA: capturable (its step count stays on the device) and, uncompiled, fused: one kernel
-    # for every parameter's update instead of a dozen multi-tensor kernels
+    # for every parameter's update instead of a dozen multi-tensor kernels; a CPU: fused (the
+    # step count stays a tensor, which a simulated graph needs)
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=cuda,
-                                 fused=True if cuda and not compiling else None)
+                                 fused=True if not (cuda and compiling) else None)
     # steady speed: from the report after the third iteration (warmup, capture, compilation done)
     report = Report(args, iterations, frames, SCRIPT, ALGO, burn_in=3)
 

@@ -145,8 +145,9 @@ def make_sac(args, device: torch.device, add_episodes) -> SimpleNamespace:
     # CUDA graph registers by itself; the step graphs replay the env's resets too
     env = Pendulum(args.envs, device, seed=None)
     cuda, compiling = device.type == "cuda", args.mode in ("compile", "compile+graph")
-    # CUDA: capturable (step counts on the device) and, uncompiled, fused (one update kernel)
-    adam = dict(capturable=cuda, fused=True if cuda and not compiling else None)
+    # CUDA: capturable (step counts on the device) and, uncompiled, fused (one update kernel);
+    # a CPU: fused (its step counts stay tensors, which a simulated graph needs)
+    adam = dict(capturable=cuda, fused=True if not (cuda and compiling) else None)
     actor = Actor(args.hidden, device)
     # The policy that acts: a copy of the actor with its own storage, detached (no autograd
     # history), refreshed after each actor update (``sync_policy``). Its own storage lets the

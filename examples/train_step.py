@@ -23,8 +23,9 @@ OBS, ACT, BATCH = 17, 6, 256
 def make_step(critic, actor):
     # capturable=True keeps the optimizer's step counts on the GPU, as a graph needs
     capturable = next(critic.parameters()).is_cuda
-    q_opt = torch.optim.Adam(critic.parameters(), lr=3e-4, capturable=capturable)
-    a_opt = torch.optim.Adam(actor.parameters(), lr=3e-4, capturable=capturable)
+    # (on a CPU: fused, whose step counts stay tensors, which a simulated graph needs)
+    q_opt = torch.optim.Adam(critic.parameters(), lr=3e-4, capturable=capturable, fused=not capturable)
+    a_opt = torch.optim.Adam(actor.parameters(), lr=3e-4, capturable=capturable, fused=not capturable)
 
     def step(obs, act, target):
         q_loss = (critic(torch.cat([obs, act], -1)) - target).pow(2).mean()

@@ -43,6 +43,8 @@ Modules, one concept each:
 - ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode: part of the signature.
 - ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
   three runners (CUDA, simulated on any device, eager).
+- ``_simulate``: the simulated graph: the tensor operations a capture dispatched, replayed
+  with no Python, as a GPU replays its kernels; host syncs refused as CUDA refuses them.
 - ``_diagnose``: the likely cause of a failed capture.
 - ``_distributed``: graphs beside ``torch.distributed``: released before their process group
   goes; the rules of capturing a DDP step.

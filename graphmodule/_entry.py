@@ -19,12 +19,11 @@ from tensordict import TensorDictBase
 
 from ._dispatch import add_required, stand_in
 from ._runners import _DEPTH, capturing
-from ._effects import TD, Effects, collect_call
+from ._effects import TD, Effects
 from ._errors import Mismatch
 from ._inputs import (
     SLOT,
     SLOT_OBJ,
-    Materialized,
     StaticInputs,
     alias_groups,
     identity_pattern,
@@ -32,10 +31,9 @@ from ._inputs import (
     nested_paths,
     overlapping_inputs,
     resolve,
-    span_bytes,
 )
 from ._mode import saves_inputs
-from ._outputs import Plan, dense
+from ._outputs import Plan
 from ._recipes import GRAPH, PASSED, build, passed_recipes
 from ._spec import InputSpec
 from ._stale import Watch
@@ -329,44 +327,3 @@ class Entry:
                     got = "its own object" if is_ == i else f"the same object as {name(is_)}"
                     found.append(Mismatch(name(i), "alias", expected, got))
         return found
-
-    def make_refresh(self, rerun, module: Any) -> Any:
-        """What a simulated replay runs (``Runner.bind_rerun``): re-run the function and
-        update the static results."""
-        graph = self.plan.graph
-
-        def refresh() -> None:
-            out, targets = rerun([op.target for op in self.effects.ops])
-            found: dict[int, torch.Tensor] = {}
-            collect_call(self.out_recipe, self.effects.ops, out, targets, found)
-            if self.layer is not None:  # the simulated backward differentiates this run
-                self.layer.ran(found)
-            # A real replay runs no Python; this re-run did, and may have rebound what the
-            # watch holds (``group["lr"] = 0.5 * lr`` inside the function): look again where
-            # its check fails (a watch kept, as on CUDA, keeps its dict watchers' state).
-            if not self.watch.check():
-                self.watch = self.watch.renew()
-            with torch.no_grad():
-                for j, fresh in found.items():
-                    static = graph[j]
-                    if static is fresh:
-                        continue
-                    if dense(static):
-                        static.copy_(fresh)
-                    else:  # an expanded tensor: write the memory it views, as the graph does
-                        span_bytes(static).copy_(span_bytes(fresh.detach()))
-
-        return refresh
-
-
-def rerun_body(module: Any, inputs: StaticInputs, mirrors: dict | None = None):
-    """A fresh run of ``module`` on the buffers, with fresh containers (simulated replays)."""
-
-    def rerun(refs: list) -> tuple[Any, list]:
-        mat = Materialized(inputs, mirrors=mirrors)
-        targets = [resolve(ref, mat.tree, mat.slot_objs) for ref in refs]  # before the run moves any
-        args, kwargs = mat.tree
-        return module(*args, **kwargs), targets
-
-    return rerun
-

@@ -44,8 +44,8 @@ its backward there and hands the gradients to those nodes on their own stream; a
 orders the streams (your gradients in, the inputs' gradients out, and your stream waits for
 the backward's end).
 
-With ``backend="simulate"`` the backward "replay" runs ``torch.autograd.grad`` on the
-outputs of the forward's last re-run, so CPU tests exercise the same path.
+With ``backend="simulate"`` the backward graph is the backward's recorded aten operations
+(``_simulate``), replayed on the forward's activations as a GPU replays its kernels.
 """
 
 from __future__ import annotations
@@ -316,7 +316,6 @@ class Layer:
         self.save_outputs = lend or not clone
         self.generation = 0  # forward replays so far: a backward needs its own call's activations
         self.anchor = torch.empty(0, device="cpu")
-        self.fresh: dict[int, Tensor] = dict(zip(out_index, outs))  # simulated: the last forward's outputs
         self.keep = outs  # the captured autograd graph: its saved activations stay allocated
         self.grad_out = [torch.zeros_like(o, memory_format=torch.contiguous_format) for o in outs]
         frontier = self._frontier()
@@ -333,7 +332,6 @@ class Layer:
         captured = runner.capture(lambda: self._grad(outs, frontier), owner)
         self.handle, self.grad_in = captured.handle, list(captured.out)
         self.capture_bytes, self.capture_seconds = captured.bytes, captured.seconds  # (the entry's, with its forward's)
-        runner.bind_rerun(self.handle, self._simulate)
 
     def _frontier(self) -> list[Tensor]:
         return [self.inputs.leaves[i] for i in self.tracked] + self.params()
@@ -345,20 +343,6 @@ class Layer:
         with _hooks_hidden(frontier):
             return torch.autograd.grad(outs, frontier, grad_outputs=self.grad_out, retain_graph=True,
                                        allow_unused=True)
-
-    def _simulate(self) -> None:
-        """A simulated backward replay: the gradients of the last forward re-run's outputs."""
-        frontier = self._frontier()
-        live = [k for k, t in enumerate(frontier) if t.requires_grad]  # (frozen since: autograd drops it)
-        grads = dict(zip(live, self._grad([self.fresh[j] for j in self.out_index], [frontier[k] for k in live])))
-        with torch.no_grad():
-            for k, buffer in enumerate(self.grad_in):
-                if buffer is not None:
-                    buffer.copy_(grads[k]) if grads.get(k) is not None else buffer.zero_()
-
-    def ran(self, found: dict[int, Tensor]) -> None:
-        """A simulated forward replay re-ran the function: its outputs, for the backward."""
-        self.fresh = found
 
     # -- calls -------------------------------------------------------------------------
     def ok(self) -> bool:
@@ -440,7 +424,6 @@ class Layer:
             self.runner.release(self.handle)
         self.handle = None
         self.keep = []
-        self.fresh = {}
 
 
 class _GraphedLayer(torch.autograd.Function):

@@ -116,8 +116,8 @@ class CudaGraphModule(WrapperSurface):
             or another wrapper's ``pool``); all graphs of a wrapper share its pool.
         backend: ``"auto"`` (CUDA graphs if CUDA is available, else eager with a
             warning), ``"cuda"``, ``"eager"`` (no graphs; every check still runs) or
-            ``"simulate"`` (the full capture/replay machinery, with each replay
-            re-running the function on the graph's buffers: tests on CPU).
+            ``"simulate"`` (the full capture/replay machinery on any device: a replay
+            runs the tensor operations the capture recorded, and no Python: tests on CPU).
         debug: keep each CUDA graph's structure for :meth:`debug_dump` (costs host memory).
 
     Example:

@@ -118,6 +118,8 @@ class PlanBuilder:
             return TensorClassOf(type(value), self._td(value._tensordict, depth), dict(value._non_tensordict))
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
             return NamedTupleOf(type(value), [self.plan(v, depth + 1) for v in value])
+        if isinstance(value, tuple) and hasattr(type(value), "n_sequence_fields"):  # torch.return_types
+            return NamedTupleOf(type(value), [self.plan(v, depth + 1) for v in value], sequence=True)
         if type(value) is tuple:
             return TupleOf([self.plan(v, depth + 1) for v in value])
         if type(value) is list:
@@ -150,7 +152,8 @@ class PlanBuilder:
                     f"an output is a view of an input with another dtype ({t.dtype} of {buffer.dtype})"
                 )
             self.stride_checked.add(i)
-            return View(i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - buffer.storage_offset())
+            return View(i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - buffer.storage_offset(),
+                        buffer.requires_grad and not t.requires_grad)
         if base is not None and base in self.external_bases:
             return self._external_view(t, self.external_bases[base])
         j = self._graph_index.get(id(t))
@@ -168,7 +171,8 @@ class PlanBuilder:
         external, (container, key) = (same or over)[0]
         # another dtype (torch.view_as_real of a complex parameter): viewed as that dtype first
         dtype = None if external.dtype == t.dtype else t.dtype
-        return ExternalView(container, key, dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        return ExternalView(container, key, dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                            external.requires_grad and not t.requires_grad)
 
     def _dressed(self, t: Tensor) -> Any:
         """A tensor the graph's plain buffers cannot be: with a lazy conjugate or negative bit, of

@@ -95,6 +95,7 @@ class View:
     shape: tuple
     stride: tuple
     offset: int  # in elements, from the leaf's own storage offset
+    detached: bool = False  # (x.detach(): no autograd history, whatever the leaf's)
     kind: ClassVar[Kind] = VIEW
 
 
@@ -106,6 +107,7 @@ class ExternalView:
     shape: tuple
     stride: tuple
     offset: int  # the storage offset, in elements
+    detached: bool = False  # (p.detach() of a parameter: no autograd history)
     kind: ClassVar[Kind] = EXTERNAL_VIEW
 
 
@@ -161,6 +163,7 @@ class DictOf:
 class NamedTupleOf:
     cls: type
     items: list
+    sequence: bool = False  # a structseq (torch.return_types.max...): built from one sequence
     kind: ClassVar[Kind] = NAMEDTUPLE
 
 
@@ -220,9 +223,13 @@ def _make(recipe: Any, values: list, leaves: Any, objs: dict, tree: Any, memo: d
     kind = recipe.kind
     if kind is VIEW:
         leaf = leaves[recipe.index]
+        if recipe.detached:
+            leaf = leaf.detach()
         return leaf.as_strided(recipe.shape, recipe.stride, leaf.storage_offset() + recipe.offset)
     if kind is EXTERNAL_VIEW:
         viewed = recipe.container[recipe.key]
+        if recipe.detached:
+            viewed = viewed.detach()
         if recipe.dtype is not None:  # (view_as_real keeps the autograd history view(dtype) drops)
             viewed = torch.view_as_real(viewed) if viewed.is_complex() and viewed.dtype.to_real() == recipe.dtype \
                 else viewed.view(recipe.dtype)
@@ -241,7 +248,7 @@ def _make(recipe: Any, values: list, leaves: Any, objs: dict, tree: Any, memo: d
         items = zip(recipe.keys, parts)
         return recipe.cls(recipe.default_factory, items) if recipe.default_factory is not None else recipe.cls(items)
     if kind is NAMEDTUPLE:
-        return recipe.cls(*parts)
+        return recipe.cls(parts) if recipe.sequence else recipe.cls(*parts)
     if kind is TD:
         source = {name: part for (name, _), part in zip(recipe.entries, parts)}
         td = TensorDict._new_unsafe(source=source, batch_size=recipe.batch_size, device=recipe.device)

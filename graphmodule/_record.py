@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ._effects import ContainerSnapshot, Effects
-from ._entry import Entry, rerun_body
+from ._entry import Entry
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
 from ._hooks import HookEffects
@@ -257,9 +257,5 @@ def record(
         + (twin.nbytes if twin is not None else 0),
         capture_seconds=captured.seconds + (layer.capture_seconds if layer is not None else 0.0),
     )
-    rerun = rerun_body(module, inputs, materialized.mirrors)
-    if rebinds.ops or rebinds.required:  # a simulated replay leaves them as a real one does
-        rerun = bindings.strict(rerun, effects.ops)
-    runner.bind_rerun(handle, entry.make_refresh(rerun, module))
     return entry, materialized
 

@@ -5,9 +5,9 @@ Three runners share one protocol (:class:`Runner`), so that the wrapper never as
 one it has:
 
 - ``CudaRunner``: real CUDA graphs, all captured into one memory pool.
-- ``SimulatedRunner``: the same protocol on any device; a "replay" re-runs the
-  function on the static buffers and copies its results into the captured ones, so
-  that buffer handling can be tested on a CPU machine.
+- ``SimulatedRunner``: the same protocol on any device; a capture records the tensor
+  operations the function dispatches and a replay runs them, and no Python, on the same
+  memory (``_simulate``), so that what a GPU's replay does can be tested on a CPU machine.
 - ``EagerRunner``: no graph; the function runs at every call (the CPU fallback).
 
 ``capture(body, owner)`` returns a :class:`CaptureResult`: a handle to replay, what
@@ -29,6 +29,7 @@ import torch
 from ._diagnose import diagnose
 from ._errors import GraphStateError
 from ._paths import user_stacklevel
+from ._simulate import SimulatedGraph, record
 
 __all__ = ["CAPTURE_ERROR_MODES", "CaptureResult", "CudaRunner", "EagerRunner", "Runner", "SimulatedRunner",
            "capturing", "make_runner"]
@@ -104,10 +105,6 @@ class Runner(Protocol):
     def release(self, handle: Any) -> None:
         """Free a graph (its memory goes back to the pool)."""
 
-    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
-        """What a replay of ``handle`` runs where a replay re-runs the function (simulated
-        graphs); a runner with real graphs ignores it."""
-
     def on_capture_stream(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` with the stream the graphs were captured on current (a layer's
         autograd node is made there, see ``_grad``)."""
@@ -157,9 +154,6 @@ class EagerRunner:
     def release(self, handle: Any) -> None:
         pass
 
-    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
-        pass
-
     def on_capture_stream(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
@@ -184,23 +178,25 @@ class EagerRunner:
 
 
 class SimulatedHandle:
-    """A simulated graph: ``refresh()`` re-runs the function and updates the static results.
+    """A simulated graph (``_simulate``): the tensor operations its capture recorded.
     ``alone``: captured where a real graph would have a pool of its own (tests read it)."""
 
-    __slots__ = ("refresh", "alone", "__weakref__")
+    __slots__ = ("graph", "alone", "__weakref__")
 
-    def __init__(self, alone: bool = False) -> None:
-        self.refresh: Callable[[], None] | None = None
+    def __init__(self, graph: SimulatedGraph, alone: bool = False) -> None:
+        self.graph = graph
         self.alone = alone
 
 
 class SimulatedRunner(EagerRunner):
-    """The capture/replay protocol without CUDA (tests on a CPU machine)."""
+    """The capture/replay protocol without CUDA (tests on a CPU machine): a capture records
+    the tensor operations the function dispatches, a replay runs them and no Python
+    (see ``_simulate``)."""
 
     captures = True
 
     def __init__(self) -> None:
-        super().__init__("backend='simulate': a replay re-runs the function")
+        super().__init__("backend='simulate': a replay runs the recorded tensor operations")
         self._shared: weakref.WeakSet = weakref.WeakSet()  # live handles a real graph would have in the pool
 
     def capture(self, body: Callable[[], Any], owner: str, alone: bool = False,
@@ -208,7 +204,7 @@ class SimulatedRunner(EagerRunner):
         start = time.perf_counter()
         _enter()
         try:
-            out = body()
+            graph = record(body)
         except BaseException as exc:  # as a real capture reports a failing function
             raise diagnose(owner, exc) from exc
         finally:
@@ -216,18 +212,17 @@ class SimulatedRunner(EagerRunner):
         seconds = time.perf_counter() - start
         # as CudaRunner: alone only while the pool holds a graph; a twin shares its first's pool
         own = bool(alone) and beside is None and self.pool_in_use()
-        handle = SimulatedHandle(own)
+        handle = SimulatedHandle(graph, own)
         if not own and (beside is None or not beside.alone):
             self._shared.add(handle)
-        return CaptureResult(handle, out, 0, seconds)
+        return CaptureResult(handle, graph.out, 0, seconds)
 
     def replay(self, handle: SimulatedHandle) -> None:
-        handle.refresh()
-
-    def bind_rerun(self, handle: SimulatedHandle, rerun: Callable[[], None]) -> None:
-        handle.refresh = rerun
+        handle.graph.replay()
 
     def release(self, handle: Any) -> None:
+        if handle is not None:
+            handle.graph.release()
         self._shared.discard(handle)
 
     def pool_in_use(self) -> bool:
@@ -307,9 +302,6 @@ class CudaRunner:
             return fn(*args)
         finally:
             torch.cuda.set_stream(caller)
-
-    def bind_rerun(self, handle: Any, rerun: Callable[[], None]) -> None:
-        pass  # a replay runs the captured kernels
 
     def cuda_graph(self, handle: Any) -> torch.cuda.CUDAGraph | None:
         return handle if isinstance(handle, torch.cuda.CUDAGraph) else None  # (not an _EmptyGraph)

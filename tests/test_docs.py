@@ -11,7 +11,7 @@ Each page's code blocks run in order in one namespace, as a reader would run the
 README.md runs as a CPU user runs it (no CUDA: graphmodule warns and runs eagerly, with its
 checks). The pages of docs/ describe what happens on a GPU: without CUDA they run with
 ``backend="simulate"`` as the default backend, which runs the capture and replay machinery on
-the CPU (each replay re-runs the function), so their counts of captures and replays hold.
+the CPU (a replay runs the recorded tensor operations), so their counts of captures and replays hold.
 """
 
 from __future__ import annotations

@@ -749,6 +749,9 @@ class TestCompiledLayer:
         return block, copy.deepcopy(block), torch.compile(block, backend="aot_eager")
 
     def test_donated_buffers_are_refused_at_capture(self, graph_backend):
+        if graph_backend == "simulate":
+            pytest.skip("backend='simulate' records a compiled function's eager code (torch.compile runs "
+                        "the original frame under a dispatch mode): its backward frees no buffer")
         block, _, compiled = self._compiled()
         g = CudaGraphModule(compiled, warmup=2, backend=graph_backend)
         x = torch.randn(3, 4)

@@ -238,7 +238,7 @@ class TestGraphsPerSignature:
 
 class TestThreads:
     def test_calls_from_two_threads_are_one_at_a_time(self):
-        # simulated replays re-run the function on shared buffers: interleaved calls would mix
+        # replays write shared buffers: interleaved calls would mix
         g = _make(lambda x: (x * 3).sum(-1))
         g(torch.ones(4, 8))
         g(torch.ones(4, 8))

@@ -103,7 +103,7 @@ class TestStateMachine:
         g = make(fn, warmup=2)
         for _ in range(5):
             g(torch.zeros(1))
-        assert next(calls) == 5  # warmup twice, capture once, each replay once (simulated)
+        assert next(calls) == 3  # warmup twice, capture once; a replay runs no Python
 
     def test_python_state_changed_by_the_function_is_refused_at_capture(self, make):
         # a replay runs no Python: the counter would stop counting after the capture
@@ -200,7 +200,8 @@ class TestDebugDump:
         with pytest.raises(GraphStateError) as info:
             g.debug_dump("graph.dot")
         assert str(info.value) == (
-            "CudaGraphModule(<lambda>) records no CUDA graph (backend='simulate': a replay re-runs the function): "
+            "CudaGraphModule(<lambda>) records no CUDA graph (backend='simulate': a replay runs the recorded tensor "
+            "operations): "
             "there is no graph structure to dump; use backend='cuda' on a GPU.")
 
     @pytest.mark.cuda

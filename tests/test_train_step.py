@@ -8,9 +8,8 @@ replay runs no Python: what a capture bound stays bound, and a second capture of
 of every graph, ``p.grad``, the parameters and every attribute the step rebinds must be what
 the plain step leaves.
 
-Simulated replays re-run the function (its Python included) and then put ``.grad`` and the
-attributes back as they were, as a real replay leaves them; the ``cuda`` variants run real
-graphs.
+Simulated replays run the recorded tensor operations and no Python, as a real replay; the
+``cuda`` variants run real graphs.
 """
 
 import copy
@@ -21,13 +20,17 @@ from torch import nn
 
 from graphmodule import CudaGraphModule, StaleGraphError, UnsupportedError
 
+_DEVICE_STEP = {True: {"capturable": True}, False: {"fused": True}}
+
 
 def _models(opt_kind="adam"):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     twin = copy.deepcopy(net)
     make = {
-        "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, capturable=torch.get_default_device().type == "cuda"),
+        # capturable on CUDA; fused on a CPU, where capturable is refused (both keep the step count
+        # on the device: a non-capturable Adam reads it on the host, which a capture refuses)
+        "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, **_DEVICE_STEP[torch.get_default_device().type == "cuda"]),
         "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
     }[opt_kind]
     return (net, make(net.parameters())), (twin, make(twin.parameters()))

@@ -101,7 +101,8 @@ def train_step(model: nn.Module, device: torch.device,
     """Forward, backward (the gradient collectives), and Adam's step: one call."""
     # capturable=True (the default on GPUs) keeps Adam's step counts on the GPU, as a graph needs
     capturable = device.type == "cuda" if capturable is None else capturable
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=capturable)
+    # (on a CPU: fused, whose step counts stay tensors, which a simulated graph needs)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=capturable, fused=device.type == "cpu")
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = F.mse_loss(model(x), y)

@@ -29,11 +29,13 @@ every earlier result is compared again (a later call must not overwrite it).
 import dataclasses
 import math
 import struct
+import traceback
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 import torch
 from tensordict import TensorDictBase, is_non_tensor, is_tensorclass
 
@@ -518,6 +520,20 @@ def signature(args: tuple, kwargs: dict) -> tuple:
     return body, same, alias
 
 
+# capture failures that a CUDA capture gives too where the plain call runs (backend="simulate"
+# refuses the same operations, see graphmodule._simulate)
+REFUSED_BY_CUDA = ("host-sync", "data-dependent-shape")
+
+
+def refused_by_cuda(err: BaseException | None, within: str = "") -> bool:
+    """Whether ``err`` is a capture failure a CUDA capture gives too (the host waiting for the
+    device); ``within``: only where a frame of the failing line's traceback is in that folder."""
+    if not isinstance(err, CaptureError) or err.cause not in REFUSED_BY_CUDA:
+        return False
+    frames = traceback.extract_tb(err.__cause__.__traceback__) if err.__cause__ is not None else []
+    return not within or any(within in f.filename for f in frames)
+
+
 def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs: str = "clone") -> Outcome:
     """Make the case's call sequence in both worlds; the differences of the first call that has any."""
     ns = case.compile(device)
@@ -557,9 +573,10 @@ def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs
                 for d in compare_worlds((ea, ek), None, (wa, wk), None, label, with_output=False)
             ]
             eager_text = "(not called)"
-            if failed_now and on_cpu:
-                # without CUDA a capture only runs the function on the graph's buffers: it
-                # may fail only where the plain function fails
+            if failed_now and on_cpu and not refused_by_cuda(w_err):
+                # without CUDA a capture runs the function on the graph's buffers, refusing
+                # what a CUDA capture refuses (the host waiting for the device): it may fail
+                # only there, or where the plain function fails
                 e_out, e_err, _ = _call(fn, ea, ek)
                 force_fresh = True
                 eager_text = _short(e_out, e_err)
