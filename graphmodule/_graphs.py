@@ -175,7 +175,8 @@ class Graphs:
         _untie_hook_weights(self.module)
         # the optimizers it steps made capturable before their first step, where exact (_optim)
         out = stepping_capturable(self.owner, self.module, self.runner.device,
-                                  lambda: self.runner.run_eager(lambda: self.module(*args, **kwargs)))
+                                  lambda: self.runner.run_eager(lambda: self.module(*args, **kwargs)),
+                                  simulated=self.runner.simulated)
         self.layer_hint = tracks_grad(out)
         if first:
             if self.returned_input is None and self.in_keys is not None and args:  # (a TensorDict module)

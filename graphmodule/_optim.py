@@ -22,6 +22,13 @@ corrections from the step count as tensors on the GPU, where the plain step uses
 floats, so parameters can differ from a ``capturable=False`` eager step in the last bits
 (a fused optimizer's math is the same either way).
 
+The simulated backend (``backend="simulate"``, on a CPU) stands in for that switch where it
+can: torch refuses ``capturable=True`` for CPU tensors, and a plain step reads its step counts
+on the host, which a simulated capture refuses as CUDA's does. Adam and AdamW, whose CPU step
+can be fused (its step counts are tensors then), are made ``fused=True`` instead, so that a
+CPU test serves the programs a GPU serves; their parameters too differ from a plain step's in
+the last bits. Other classes are refused there as on a GPU that cannot switch them.
+
 >>> import torch
 >>> opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))])
 >>> verdict(facts(opt), torch.device("cuda", 0)).name  # its parameter is on the CPU
@@ -55,6 +62,7 @@ class Verdict(enum.Enum):
     NO_FLAG = "its class has no capturable flag (SGD steps in a graph as it is)"
     STEPPED = "it has state (a step, load_state_dict): its step counts are on the host"
     OFF_DEVICE = "a parameter is not on the graph's device"
+    FUSE = "fused=True is set on its param groups (a simulated graph's stand-in for capturable)"
     NO_GRAPH = "the wrapper captures no CUDA graph (simulated, eager, no CUDA)"
 
 
@@ -64,19 +72,33 @@ class Facts(NamedTuple):
     flags: tuple  # each param group's capturable (None: the class has no such flag)
     stepped: bool  # some parameter has state
     devices: frozenset  # the devices of its parameters
+    fusable: bool = False  # a class whose CPU step can be fused, not fused yet, float parameters
 
 
 def facts(opt: torch.optim.Optimizer) -> Facts:
     """The facts of ``opt`` now."""
     groups = opt.param_groups
+    params = [p for group in groups for p in group["params"]]
+    fusable = (type(opt) in _FUSED_ON_CPU and not any(group.get("fused") or group.get("differentiable")
+                                                      for group in groups)
+               and all(torch.is_floating_point(p) for p in params))
     return Facts(flags=tuple(group.get("capturable") for group in groups),
                  stepped=any(bool(state) for state in opt.state.values()),
-                 devices=frozenset(p.device for group in groups for p in group["params"]))
+                 devices=frozenset(p.device for p in params), fusable=fusable)
 
 
-def verdict(found: Facts, device: torch.device | None) -> Verdict:
+# torch's fused CPU steps of the classes that have the capturable flag
+_FUSED_ON_CPU = (torch.optim.Adam, torch.optim.AdamW)
+_CPU = torch.device("cpu")
+
+
+def verdict(found: Facts, device: torch.device | None, simulated: bool = False) -> Verdict:
     """Whether an optimizer with these facts, stepped by a graph on ``device`` (None: no CUDA
-    graph), is made capturable (``SWITCH``), and why not otherwise. Pure."""
+    graph), is made capturable (``SWITCH``), and why not otherwise; ``simulated``: by a
+    simulated graph on the CPU, where ``FUSE`` stands in for the switch. Pure."""
+    if simulated:
+        switchable = None not in found.flags and not any(found.flags) and not found.stepped
+        return Verdict.FUSE if switchable and found.fusable and found.devices <= {_CPU} else Verdict.NO_GRAPH
     if device is None or device.type != "cuda":
         return Verdict.NO_GRAPH  # (capturable needs CUDA tensors: on the CPU torch refuses the flag)
     if None in found.flags:
@@ -93,31 +115,41 @@ def verdict(found: Facts, device: torch.device | None) -> Verdict:
 class _Switch:
     """The step pre-hook: makes the optimizers this thread steps capturable where exact."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.thread = device, threading.get_ident()
+    def __init__(self, device: torch.device | None, simulated: bool) -> None:
+        self.device, self.simulated, self.thread = device, simulated, threading.get_ident()
         self.switched: list[torch.optim.Optimizer] = []
 
     def __call__(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() == self.thread and verdict(facts(opt), self.device) is Verdict.SWITCH:
+        if threading.get_ident() != self.thread:
+            return
+        now = verdict(facts(opt), self.device, self.simulated)
+        if now is Verdict.SWITCH:
             for group in opt.param_groups:
                 group["capturable"] = True
-            self.switched.append(opt)
+        elif now is Verdict.FUSE:
+            for group in opt.param_groups:
+                group["fused"], group["foreach"] = True, False  # (torch refuses both at once)
+        else:
+            return
+        self.switched.append(opt)
 
 
-def stepping_capturable(owner: str, module: Any, device: torch.device | None, body: Callable[[], Any]) -> Any:
+def stepping_capturable(owner: str, module: Any, device: torch.device | None, body: Callable[[], Any],
+                        simulated: bool = False) -> Any:
     """``body()`` (a warmup call of ``module``), the optimizers it steps made capturable
-    first where :func:`verdict` says so, with one warning naming them."""
-    if device is None:
+    first where :func:`verdict` says so (``simulated``: fused, its stand-in on the CPU), with
+    one warning naming them."""
+    if device is None and not simulated:
         return body()
-    switch = _Switch(device)
+    switch = _Switch(device, simulated)
     handle = register_optimizer_step_pre_hook(switch)
     try:
         return body()
     finally:
         handle.remove()
         if switch.switched:
-            warnings.warn(_switched_message(owner, module, switch.switched, device), UserWarning,
-                          stacklevel=user_stacklevel())
+            message = (_fused_message if simulated else _switched_message)(owner, module, switch.switched, device)
+            warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
 
 
 def _places(module: Any) -> dict[int, str]:
@@ -139,6 +171,16 @@ def _switched_message(owner: str, module: Any, switched: list, device: torch.dev
             f"counts and bias corrections are tensors on {device}, as torch.compile makes them; parameters "
             f"can differ from a capturable=False eager step in the last bits. To silence this warning, "
             f"create {which} with capturable=True.")
+
+
+def _fused_message(owner: str, module: Any, switched: list, device: Any) -> str:
+    places = _places(module)
+    names = "; ".join(_named(opt, places) for opt in switched)
+    return (f"{owner} made the optimizer(s) it steps fused (fused=True on their param_groups, before their "
+            f"first step): {names}. On a GPU the wrapper makes them capturable, which torch refuses for CPU "
+            f"tensors; backend='simulate' stands in with a fused step, whose step counts are tensors too. "
+            f"Parameters can differ from a plain eager step in the last bits. To silence this warning, create "
+            f"them with fused=True on the CPU and capturable=True on a GPU.")
 
 
 def explain(err: CaptureError, found: Discovery, device: torch.device | None) -> CaptureError:

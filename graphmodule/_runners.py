@@ -91,6 +91,7 @@ class Runner(Protocol):
     captures: bool  # whether it captures graphs (False: every call runs eagerly)
     dumps: bool  # whether its graphs have a structure debug_dump writes (False: debug_dump raises why)
     device: torch.device | None  # the CUDA device of its graphs (None without CUDA)
+    simulated: bool  # whether its graphs stand in for CUDA graphs on another device (_simulate)
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
         """``body()`` where warmup calls run (CUDA: on the side stream, ordered with the caller's)."""
@@ -136,6 +137,7 @@ class EagerRunner:
 
     captures = False
     dumps = False
+    simulated = False
     device = None
 
     def __init__(self, why: str = "backend='eager'") -> None:
@@ -194,6 +196,7 @@ class SimulatedRunner(EagerRunner):
     (see ``_simulate``)."""
 
     captures = True
+    simulated = True
 
     def __init__(self) -> None:
         super().__init__("backend='simulate': a replay runs the recorded tensor operations")
@@ -234,6 +237,7 @@ class CudaRunner:
 
     captures = True
     dumps = True
+    simulated = False
 
     def __init__(self, device: torch.device, capture_error_mode: str = "thread_local", pool: Any = None,
                  debug: bool = False) -> None:

@@ -74,6 +74,14 @@ def _switched(owner, names, device, which="it"):
             f"create {which} with capturable=True.")
 
 
+def _fused(owner, names):
+    return (f"{owner} made the optimizer(s) it steps fused (fused=True on their param_groups, before their "
+            f"first step): {names}. On a GPU the wrapper makes them capturable, which torch refuses for CPU "
+            f"tensors; backend='simulate' stands in with a fused step, whose step counts are tensors too. "
+            f"Parameters can differ from a plain eager step in the last bits. To silence this warning, create "
+            f"them with fused=True on the CPU and capturable=True on a GPU.")
+
+
 class TestVerdict:
     """The decision, on facts: switched only where the switch is exact."""
 
@@ -95,14 +103,25 @@ class TestVerdict:
     def test_verdict(self, found, device, expected):
         assert verdict(found, device) is expected
 
+    @pytest.mark.parametrize(("found", "expected"), [
+        (Facts((False,), False, frozenset({CPU}), fusable=True), Verdict.FUSE),
+        (Facts((False,), False, frozenset({CPU}), fusable=False), Verdict.NO_GRAPH),  # RMSprop, say
+        (Facts((False,), True, frozenset({CPU}), fusable=True), Verdict.NO_GRAPH),  # stepped before
+        (Facts((True,), False, frozenset({CPU}), fusable=True), Verdict.NO_GRAPH),  # (capturable: torch refuses)
+        (Facts((None,), False, frozenset({CPU}), fusable=False), Verdict.NO_GRAPH),  # SGD
+        (Facts((False,), False, frozenset({CUDA0}), fusable=True), Verdict.NO_GRAPH),
+    ])
+    def test_the_simulated_stand_in(self, found, expected):
+        assert verdict(found, None, simulated=True) is expected
+
     def test_facts_of_an_optimizer_before_and_after_its_first_step(self):
         net = _net()
         opt = torch.optim.Adam([{"params": net[0].parameters()}, {"params": net[2].parameters(), "lr": 0.1}])
-        assert facts(opt) == Facts((False, False), False, frozenset({CPU}))
+        assert facts(opt) == Facts((False, False), False, frozenset({CPU}), fusable=True)
         opt.state[net[0].weight]  # (a defaultdict: reading makes an empty entry, not a step)
         assert not facts(opt).stepped
         _train_step(net, opt)(*_batch(0))
-        assert facts(opt) == Facts((False, False), True, frozenset({CPU}))
+        assert facts(opt) == Facts((False, False), True, frozenset({CPU}), fusable=True)
 
     @pytest.mark.parametrize("name", ["SGD", "Adagrad"])
     def test_facts_of_a_class_without_the_flag(self, name):
@@ -181,7 +200,8 @@ def _runs(graph_backend, make_opt, seed=0):
     opt = make_opt(net.parameters())
     g = CudaGraphModule(_train_step(net, opt), warmup=2, backend=graph_backend)
     cuda = graph_backend == "cuda"
-    same = _train_step(twins[0], torch.optim.Adam(twins[0].parameters(), lr=1e-2, capturable=cuda))
+    # (simulated: fused, its stand-in on the CPU)
+    same = _train_step(twins[0], torch.optim.Adam(twins[0].parameters(), lr=1e-2, capturable=cuda, fused=not cuda))
     plain = _train_step(twins[1], make_opt(twins[1].parameters()))
     return net, opt, g, same, plain, twins
 
@@ -194,9 +214,13 @@ def test_a_plain_adam_is_made_capturable_before_its_first_step(graph_backend):
             g(*_batch(0))
         assert _ours(record) == [_switched(
             "CudaGraphModule(step)", "Adam at closure variable 'opt' of _train_step.<locals>.step", CUDA0)]
-    else:  # (no CUDA graph: nothing to switch, and no warning, which the test setup makes an error)
-        g(*_batch(0))
+    else:  # simulated: fused, its stand-in on the CPU
+        with pytest.warns(UserWarning) as record:
+            g(*_batch(0))
+        assert _ours(record) == [_fused(
+            "CudaGraphModule(step)", "Adam at closure variable 'opt' of _train_step.<locals>.step")]
     assert opt.param_groups[0]["capturable"] is cuda
+    assert opt.param_groups[0]["fused"] is not cuda
     assert opt.state[net[0].weight]["step"].device == (CUDA0 if cuda else CPU)
     same(*_batch(0))
     plain(*_batch(0))
@@ -254,7 +278,11 @@ def test_two_optimizers_are_named_in_one_warning(graph_backend):
                  "AdamW at closure variable 'a_opt' of test_two_optimizers_are_named_in_one_warning.<locals>.update")
         assert _ours(record) == [_switched("CudaGraphModule(update)", names, CUDA0, "them")]
     else:
-        g(*_batch(0))
+        with pytest.warns(UserWarning) as record:
+            g(*_batch(0))
+        names = ("Adam at closure variable 'q_opt' of test_two_optimizers_are_named_in_one_warning.<locals>.update; "
+                 "AdamW at closure variable 'a_opt' of test_two_optimizers_are_named_in_one_warning.<locals>.update")
+        assert _ours(record) == [_fused("CudaGraphModule(update)", names)]
     for i in range(1, 4):
         g(*_batch(i))
     assert [q_opt.param_groups[0]["capturable"], a_opt.param_groups[0]["capturable"]] == [graph_backend == "cuda"] * 2

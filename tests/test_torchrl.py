@@ -35,7 +35,22 @@ with warnings.catch_warnings():
 
 from graphmodule import CudaGraphModule, UnsupportedError
 
+# the scripts' plain Adam is made capturable (fused where simulated) with a warning, tested in test_optim
+pytestmark = pytest.mark.filterwarnings(r"ignore:CudaGraphModule\(\w+\) made the optimizer\(s\) it steps:UserWarning")
+
 OBS, ACT, N_ACTIONS, BATCH, STEPS, WARMUP = 3, 1, 4, 8, 6, 2
+
+
+@pytest.fixture(autouse=True)
+def _capturing_as_on_a_gpu(request, monkeypatch):
+    """TorchRL's TanhNormal checks its bounds on the host (``if (high > low).all()``, a sync)
+    unless ``torch.cuda.is_current_stream_capturing()``, which it asks only where CUDA is
+    available: on a CPU the simulated capture would meet a sync that a GPU's capture never
+    runs. Under "simulate" both runs (plain and wrapped) take the branch a capture takes on a GPU."""
+    if "graph_backend" in request.fixturenames and request.getfixturevalue("graph_backend") == "simulate":
+        from torchrl.modules.distributions import continuous
+
+        monkeypatch.setattr(continuous, "safe_is_current_stream_capturing", lambda: True)
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
