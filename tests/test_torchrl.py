@@ -95,13 +95,13 @@ def _deterministic_actor():
 def _transitions(i: int, action: Callable[[torch.Generator], torch.Tensor]) -> TensorDict:
     """A replay-buffer sample: drawn on the CPU from seed ``i``, on the default device."""
     gen = torch.Generator().manual_seed(1000 + i)
-    done = torch.rand(BATCH, 1, generator=gen) < 0.2
+    done = torch.rand(BATCH, 1, generator=gen, device="cpu") < 0.2
     td = TensorDict(
         {
-            "observation": torch.randn(BATCH, OBS, generator=gen),
+            "observation": torch.randn(BATCH, OBS, generator=gen, device="cpu"),
             "action": action(gen),
-            ("next", "observation"): torch.randn(BATCH, OBS, generator=gen),
-            ("next", "reward"): torch.randn(BATCH, 1, generator=gen),
+            ("next", "observation"): torch.randn(BATCH, OBS, generator=gen, device="cpu"),
+            ("next", "reward"): torch.randn(BATCH, 1, generator=gen, device="cpu"),
             ("next", "done"): done,
             ("next", "terminated"): done.clone(),
         },
@@ -111,7 +111,7 @@ def _transitions(i: int, action: Callable[[torch.Generator], torch.Tensor]) -> T
 
 
 def _continuous(i):
-    return _transitions(i, lambda gen: torch.rand(BATCH, ACT, generator=gen) * 4 - 2)
+    return _transitions(i, lambda gen: torch.rand(BATCH, ACT, generator=gen, device="cpu") * 4 - 2)
 
 
 def _initialized(*nets):
@@ -154,7 +154,7 @@ def dqn():
     loss.make_value_estimator(gamma=0.99)
 
     def batch(i):
-        return _transitions(i, lambda gen: nn.functional.one_hot(torch.randint(N_ACTIONS, (BATCH,), generator=gen), N_ACTIONS))
+        return _transitions(i, lambda gen: nn.functional.one_hot(torch.randint(N_ACTIONS, (BATCH,), generator=gen, device="cpu"), N_ACTIONS))
 
     return Algo(loss, lambda l: HardUpdate(l, value_network_update_interval=3), ("loss",), batch)
 
@@ -168,8 +168,8 @@ def ppo():
     def batch(i):
         td = _continuous(i)
         gen = torch.Generator().manual_seed(2000 + i)
-        td["advantage"] = torch.randn(BATCH, 1, generator=gen).to(td.device)
-        td["value_target"] = torch.randn(BATCH, 1, generator=gen).to(td.device)
+        td["advantage"] = torch.randn(BATCH, 1, generator=gen, device="cpu").to(td.device)
+        td["value_target"] = torch.randn(BATCH, 1, generator=gen, device="cpu").to(td.device)
         with torch.no_grad():
             behaviour(td)  # (draws an action and writes its log-prob: seeded by the caller)
         return td
