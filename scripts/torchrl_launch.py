@@ -47,9 +47,13 @@ def bind_graphmodule() -> list:
     made: list = []
     tensordicts = tensordict.nn.CudaGraphModule
 
+    # GM_WRAPPER_OPTIONS="on_capture_failure=eager" (comma-separated): options the wrapped class
+    # adds where the script passes none (PPO's GAE in torchrl 0.14.1 checks for NaN on the host)
+    options = dict(item.split("=", 1) for item in os.environ.get("GM_WRAPPER_OPTIONS", "").split(",") if item)
+
     class CudaGraphModule(graphmodule.CudaGraphModule):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **{**options, **kwargs})
             made.append(self)
 
     tensordict.nn.CudaGraphModule = CudaGraphModule

@@ -15,7 +15,8 @@
 # (the wrappers run with cudagraphs=True, "graphmodule"), GM_FRAMES (frames per run, 10000), GM_BATCH (frames
 # per collector batch, 1000: the off-policy scripts make as many updates per batch),
 # GM_INIT_FRAMES (random frames before the first update, 1000), GM_PPO_FRAMES (20480),
-# GM_PPO_BATCH (2048), GM_RUN_TIMEOUT (s per run, 900).
+# GM_PPO_BATCH (2048), GM_RUN_TIMEOUT (s per run, 900), GM_WRAPPER_OPTIONS (options our wrapper gets where
+# the script passes none, e.g. "on_capture_failure=eager": see scripts/torchrl_launch.py).
 # Beyond scripts/wheels.sh's packages it needs torchrl, hydra-core (omegaconf, antlr4), tqdm and
 # pyyaml: installed, or as wheels in .whl/.
 set -u
