@@ -50,7 +50,7 @@ from graphmodule import (
 
 from .strategies import Case, RandomCase, namespace, refresh, val
 
-__all__ = ["Diff", "DifferentialFailure", "HarnessError", "check_case", "check_random_case", "run_case"]
+__all__ = ["Diff", "DifferentialFailure", "HarnessError", "check_case", "check_random_case", "last_bits", "run_case"]
 
 
 class HarnessError(Exception):
