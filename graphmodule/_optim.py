@@ -11,7 +11,8 @@ says the switch is exact: the class has the flag, the optimizer never stepped (i
 is made on the GPU from the start, so warmup calls and replays run the same code), and
 every parameter is on the graph's device. One warning per call names what was switched.
 ``torch.compile`` does the same when it traces a step (``_set_capturable`` in
-``torch/_dynamo/variables/optimizer.py``: uninitialised state, CUDA parameters).
+``torch/_dynamo/variables/optimizer.py``: uninitialised state, CUDA parameters), so inside a
+``torch.compile``-d function (which dynamo traces, this hook included) the hook stands aside.
 
 Where the switch cannot be made (the optimizer stepped before the wrapper's first call,
 parameters elsewhere, a step first taken inside the capture) the capture fails as torch
@@ -120,7 +121,9 @@ class _Switch:
         self.switched: list[torch.optim.Optimizer] = []
 
     def __call__(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() != self.thread:
+        # a step inside a torch.compile-d function: dynamo traces this hook (and cannot trace
+        # the thread check); it makes the optimizers capturable itself, as torch.compile does
+        if torch.compiler.is_compiling() or threading.get_ident() != self.thread:
             return
         now = verdict(facts(opt), self.device, self.simulated)
         if now is Verdict.SWITCH:

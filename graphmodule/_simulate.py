@@ -15,7 +15,8 @@ same tensor objects (the capture's memory), with the Python values they had at c
   from their generator, as a graph's random offset advances at each replay;
 - what makes the host wait for the device (``.item()``, ``if tensor:``, ``torch.equal``,
   ``nonzero``, boolean-mask indexing) is refused at capture, as a CUDA capture refuses it:
-  on the simulator every tensor stands for a device tensor;
+  on the simulator every tensor stands for a device tensor (``torch.equal`` answered from
+  sizes and memory alone, as CUDA answers it, is served);
 - a capture that fails leaves the memory the function wrote as it was (a CUDA capture
   records kernels without running them): what existed before is saved at its first write.
 
@@ -138,6 +139,25 @@ _WRAPPERS = (os.path.join("torch", "_dynamo", ""), os.path.join("torch", "_compi
              os.path.join("torch", "utils", "_python_dispatch"))
 
 
+def _equal_on_metadata(args: tuple) -> bool | None:
+    """``torch.equal``'s answer where CUDA gives it without the device (``cuda_equal``): other
+    sizes, no elements, or the same memory seen the same way (True, NaNs or not); else None."""
+    a, b = args[0], args[1]
+    if a.dtype != b.dtype or a.device != b.device:
+        return None  # (torch's own error, or the refusal)
+    if a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    sa, sb = _storage(a), _storage(b)
+    if (sa is not None and sb is not None and sa.data_ptr() == sb.data_ptr()
+            and a.storage_offset() == b.storage_offset()
+            and a.stride() == b.stride() and a.layout == b.layout and a.is_neg() == b.is_neg()
+            and a.is_conj() == b.is_conj()):
+        return True
+    return None
+
+
 def _masked(args: tuple) -> bool:
     indices = args[1] if len(args) > 1 else ()
     return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in indices or ())
@@ -200,6 +220,8 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         schema = func._schema
         name = schema.name
+        if name == "aten::equal" and _equal_on_metadata(args) is not None:
+            return _equal_on_metadata(args)  # (no device read on CUDA either)
         if (name in _READS_ON_HOST or (name in _MASK_INDEXED and _masked(args))) and not _in_engine():
             raise RuntimeError(HOST_SYNC)
         if schema.is_mutable:

@@ -136,8 +136,11 @@ def test_out_of_memory_during_capture(cuda):
     torch.testing.assert_close(out, torch.full((2,), 3.0, device=cuda))
 
 
-def test_interrupt_inside_a_call_leaves_replays_correct(cuda):
-    # a KeyboardInterrupt raised by the call's own argument while the call checks it
+@pytest.mark.parametrize("max_graphs", [None, 1], ids=["variants", "one-graph"])
+def test_interrupt_inside_a_call_leaves_replays_correct(cuda, max_graphs):
+    # a KeyboardInterrupt raised by the call's own argument while the call checks it: against
+    # the captured value (one graph), or while looking up its variant (max_graphs=None), where
+    # equal values hash equal as Python requires
 
     class Mode:
         def __init__(self, armed: bool):
@@ -148,15 +151,19 @@ def test_interrupt_inside_a_call_leaves_replays_correct(cuda):
                 raise KeyboardInterrupt
             return True
 
-        __hash__ = object.__hash__
+        def __hash__(self):
+            return 0
 
-    g = CudaGraphModule(lambda x, mode: x * 2, warmup=1)
+    g = CudaGraphModule(lambda x, mode: x * 2, warmup=1, max_graphs=max_graphs)
     for _ in range(3):
         g(torch.ones(2, device=cuda), Mode(False))
+    assert g.state == "captured"
+    replays = g.stats.replays
     with pytest.raises(KeyboardInterrupt):
         g(torch.ones(2, device=cuda), Mode(True))
-    assert g.state == "captured"
+    assert g.state == "captured" and g.stats.captures == 1
     torch.testing.assert_close(g(torch.full((2,), 5.0, device=cuda), Mode(False)), torch.full((2,), 10.0, device=cuda))
+    assert g.stats.replays == replays + 1  # the graph replayed, not a new variant
     _healthy(cuda)
 
 

@@ -384,3 +384,31 @@ def test_an_optimizer_of_cpu_parameters_is_not_switched(cuda):
         "expected a capturable optimizer, got Adam with capturable=False with parameters on cpu (the graph "
         "runs on cuda:0) at closure variable 'opt' of test_an_optimizer_of_cpu_parameters_is_not_switched."
         "<locals>.step; do: move its parameters to cuda:0 before creating it, with capturable=True.")
+
+
+def test_a_step_inside_a_compiled_function_is_left_to_torch_compile(graph_backend):
+    """LeanRL's ``CudaGraphModule(torch.compile(update))``: dynamo traces the step pre-hooks of
+    the optimizer it steps, ours included; the hook stands aside while compiling (dynamo makes
+    the optimizers it steps capturable itself), so compiling the step neither fails nor warns."""
+    def compiled_step(net, opt):
+        def step(x, y):
+            opt.zero_grad()
+            loss = (net(x) - y).pow(2).mean()
+            out = loss.detach()  # (before backward: dynamo's resume frame would read a non-leaf's .grad)
+            loss.backward()
+            opt.step()
+            return out
+
+        return torch.compile(step, backend="aot_eager")
+
+    torch._dynamo.reset()
+    net = _net()
+    twin = copy.deepcopy(net)
+    g = CudaGraphModule(compiled_step(net, torch.optim.Adam(net.parameters(), lr=1e-2)), warmup=2,
+                        backend=graph_backend)
+    plain = compiled_step(twin, torch.optim.Adam(twin.parameters(), lr=1e-2))
+    for i in range(STEPS):
+        torch.testing.assert_close(g(*_batch(i)), plain(*_batch(i)), **LAST_BITS)
+    assert g.state == "captured" and g.stats.replays == STEPS - 2
+    for p, r in zip(net.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, r, **LAST_BITS)

@@ -160,7 +160,7 @@ class TestHostSyncs:
         lambda x: x * 2 if x.sum() > 0 else x,
         lambda x: x[x > 0].sum() + x,
         lambda x: x + x.nonzero().shape[0],
-        lambda x: x + 1 if torch.equal(x, x) else x,
+        lambda x: x + 1 if torch.equal(x, x * 1) else x,
     ], ids=["item", "if-tensor", "mask-index", "nonzero", "equal"])
     def test_refused_at_capture_naming_the_cause(self, graph_backend, line):
         g = CudaGraphModule(line, warmup=1, backend=graph_backend)
@@ -177,6 +177,21 @@ class TestHostSyncs:
             assert (": RuntimeError: operation not permitted when stream is capturing (backend='simulate' refuses "
                     "what a CUDA capture refuses: this operation makes the host wait for the device)\n"
                     "Likely cause (host-sync): ") in str(info.value)
+
+    @pytest.mark.parametrize("line", [
+        lambda x: x + 1 if torch.equal(x, x) else x,
+        lambda x: x + 1 if torch.equal(x[1:], x[1:]) else x,
+        lambda x: x + 1 if torch.equal(x, x[:2]) else x,
+        lambda x: x + 1 if torch.equal(x[:0], x[1:1] * 2) else x,
+    ], ids=["same", "same-view", "other-size", "empty"])
+    def test_equal_answered_from_sizes_and_memory_is_served(self, graph_backend, line):
+        # CUDA's torch.equal reads no value for these (the same memory seen the same way, other
+        # sizes, no elements): a capture takes them, and each replay gives the eager answer
+        g = CudaGraphModule(line, warmup=1, backend=graph_backend)
+        for i in range(4):
+            x = torch.arange(3.0) + i
+            torch.testing.assert_close(g(x), line(x), rtol=0, atol=0)
+        assert g.state == "captured" and g.stats.replays > 0
 
     def test_a_failed_capture_leaves_the_memory_it_wrote_as_it_was(self, graph_backend):
         state = torch.zeros(3)

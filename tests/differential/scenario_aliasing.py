@@ -7,7 +7,8 @@ wrapper capture the call again (a twin, a graph returning copies, a lending capt
 second signature), each time triggered by whatever call came then. A step returns the result;
 a graphed layer also backpropagates, and the step returns the parameters' gradients. The
 results' strides are not compared: a graph's results are laid out as its capture's, whatever
-the call's layout (docs/limits.md).
+the call's layout (docs/limits.md), and its values are eager's up to the last bits where a
+call's layout is not its capture's (a matmul rounds by layout; ``LAYOUTS``).
 
 A graph captured from a call whose inputs share memory may refuse later calls whose inputs do
 not (it copies one buffer per group): a refusal is accepted only where a program has such a
@@ -26,6 +27,7 @@ from .scenarios import Scenario, register
 
 TEMPLATE = """\
 CALLS = {calls}
+LAYOUTS = {layouts}  # per step: the memory layout of x and y
 HOLD = {hold}
 
 
@@ -94,6 +96,9 @@ LAYER_BODIES = ["lin(x) + 3 * lin(y)", "lin(x * y), lin(y) - x"]
 KINDS = ["distinct", "aliased", "swapped", "transposed", "both_transposed", "strided", "expanded", "offset",
          "overlapping"]
 SHARED = {"aliased", "overlapping"}  # inputs sharing memory: a graph captured so may refuse others
+# the kinds whose tensors are not dense and row-major (the others are, shared or not)
+LAYOUT = {"transposed": "x transposed", "both_transposed": "x and y transposed", "strided": "x strided",
+          "expanded": "y expanded"}
 
 
 def capturing_calls(shapes: list[int], warmup: int, max_graphs: int) -> list[int]:
@@ -134,6 +139,7 @@ def aliasing_scenarios(draw) -> Scenario:
     options = (("outputs", outputs), ("max_graphs", max_graphs)) + ((("in_keys", []),) if td else ())
     src = TEMPLATE.format(
         calls=list(zip(kinds, shapes)),
+        layouts=[LAYOUT.get(kind, "row-major") for kind in kinds],
         hold=hold or "()",
         n=n,
         layer=layer,

@@ -16,6 +16,7 @@ from .scenarios import Scenario, register
 
 TEMPLATE = """\
 CALLS = {calls}  # per step: batch, grad enabled, train mode, layout
+LAYOUTS = [call[3] for call in CALLS]  # (a matmul rounds by layout: see scenarios.py)
 REPLACE_AT = {replace_at}
 HOLD = {hold}
 

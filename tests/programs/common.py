@@ -87,9 +87,12 @@ def mlp(n_in: int, hidden: int, n_out: int, act: type[nn.Module], device: Any) -
     )
 
 
-def capturable(device: torch.device) -> bool:
-    """Optimizers step inside CUDA graphs only with ``capturable=True`` (CUDA tensors only)."""
-    return torch.device(device).type == "cuda"
+def step_flags(device: torch.device) -> dict:
+    """The flags of an optimizer a graph steps: ``capturable=True`` on CUDA (a CUDA graph steps
+    only those); on the CPU ``fused=True``, the simulated backend's stand-in (torch refuses
+    capturable for CPU tensors; a plain step's host step counts are a sync a capture refuses),
+    given to the eager run too so that both runs step with the same math."""
+    return {"capturable": True} if torch.device(device).type == "cuda" else {"fused": True}
 
 
 def episode_return(episode_reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from torch.distributions import Normal
 
 from examples.common.envs import Pendulum
 
-from .common import Clock, capturable, episode_return, finish, mlp, seed_everything
+from .common import Clock, step_flags, episode_return, finish, mlp, seed_everything
 
 LOSS_KEYS = ("loss_objective", "loss_critic", "loss_entropy", "approx_kl", "grad_norm")
 
@@ -114,7 +114,7 @@ def run_ppo(wrap, *, steps: int, device, seed: int = 0, **config) -> dict:
     if cfg.variant == "closure":  # TorchRL ppo_mujoco.py
         lr0 = torch.tensor(cfg.lr, device=device)
         clip_epsilon = torch.tensor(cfg.clip, device=device)
-        optim = torch.optim.Adam(agent.parameters(), lr=lr0.clone(), eps=1e-5, capturable=capturable(device))
+        optim = torch.optim.Adam(agent.parameters(), lr=lr0.clone(), eps=1e-5, **step_flags(device))
 
         def update(batch, num_network_updates):
             optim.zero_grad(set_to_none=True)
@@ -137,7 +137,7 @@ def run_ppo(wrap, *, steps: int, device, seed: int = 0, **config) -> dict:
         num_network_updates = torch.zeros((), dtype=torch.int64, device=device)
     elif cfg.variant == "tdmodule":  # LeanRL ppo_continuous_action_torchcompile.py
         optim = torch.optim.Adam(agent.parameters(), lr=torch.tensor(cfg.lr, device=device), eps=1e-5,
-                                 capturable=capturable(device))
+                                 **step_flags(device))
 
         def update_fn(obs, raw_action, logprob, advantages, returns):
             optim.zero_grad()

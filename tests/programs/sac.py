@@ -11,7 +11,7 @@
   (``functional_call``; LeanRL swaps them in with ``to_module``), then the entropy
   temperature; ``alpha`` is a tensor refreshed in place outside the graph.
 - Both updates are ``wrap(fn, in_keys=[], out_keys=[], warmup=5)``, return TensorDicts,
-  and use Adam with ``capturable=True`` on CUDA.
+  and use Adam with ``capturable=True`` on CUDA (``fused=True`` on the CPU).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch.distributions import Normal
 
 from examples.common.envs import Pendulum
 
-from .common import Clock, ReplayBuffer, capturable, finish, mlp, seed_everything, store_transition
+from .common import Clock, ReplayBuffer, step_flags, finish, mlp, seed_everything, store_transition
 
 
 @dataclass
@@ -89,12 +89,12 @@ def run_sac(wrap, *, steps: int, device, seed: int = 0, **config) -> dict:
     qnets = nn.ModuleList([QNet(cfg.hidden, device), QNet(cfg.hidden, device)])
     qnets_target = copy.deepcopy(qnets).requires_grad_(False)
     q_params, q_target_params = from_module(qnets).data, from_module(qnets_target).data
-    q_optimizer = torch.optim.Adam(qnets.parameters(), lr=cfg.q_lr, capturable=capturable(device))
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=cfg.policy_lr, capturable=capturable(device))
+    q_optimizer = torch.optim.Adam(qnets.parameters(), lr=cfg.q_lr, **step_flags(device))
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=cfg.policy_lr, **step_flags(device))
     target_entropy = -float(Pendulum.act_dim)
     log_alpha = torch.zeros(1, device=device, requires_grad=True)
     alpha = log_alpha.detach().exp()
-    a_optimizer = torch.optim.Adam([log_alpha], lr=cfg.q_lr, capturable=capturable(device))
+    a_optimizer = torch.optim.Adam([log_alpha], lr=cfg.q_lr, **step_flags(device))
     rb = ReplayBuffer(cfg.buffer_size, device)
 
     policy = TensorDictModule(actor_detach.get_action, in_keys=["observation"],

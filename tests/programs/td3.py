@@ -26,7 +26,7 @@ from torch import nn
 
 from examples.common.envs import Pendulum
 
-from .common import Clock, ReplayBuffer, capturable, finish, mlp, seed_everything, store_transition
+from .common import Clock, ReplayBuffer, step_flags, finish, mlp, seed_everything, store_transition
 from .sac import QNet, frozen
 
 
@@ -77,8 +77,8 @@ def run_td3(wrap, *, steps: int, device, seed: int = 0, **config) -> dict:
     qnets_target = copy.deepcopy(qnets).requires_grad_(False)
     q_params, q_target_params = from_module(qnets).data, from_module(qnets_target).data
     actor_params, target_actor_params = from_module(actor).data, from_module(target_actor).data
-    q_optimizer = torch.optim.Adam(qnets.parameters(), lr=cfg.lr, capturable=capturable(device))
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=cfg.lr, capturable=capturable(device))
+    q_optimizer = torch.optim.Adam(qnets.parameters(), lr=cfg.lr, **step_flags(device))
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=cfg.lr, **step_flags(device))
     rb = ReplayBuffer(cfg.buffer_size, device)
     max_a = Pendulum.max_torque
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import Clock, capturable, finish, mlp, seed_everything
+from .common import Clock, step_flags, finish, mlp, seed_everything
 
 
 @dataclass
@@ -45,7 +45,7 @@ def run_train_step(wrap, *, steps: int, device, seed: int = 0, **config) -> dict
     seed_everything(seed)
     teacher = mlp(cfg.in_dim, cfg.hidden, 1, nn.Tanh, device).requires_grad_(False)
     model = mlp(cfg.in_dim, cfg.hidden, 1, nn.ReLU, device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, capturable=capturable(device))
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, **step_flags(device))
     x = torch.empty(cfg.batch_size, cfg.in_dim, device=device)  # the batch, held outside
     y = torch.empty(cfg.batch_size, 1, device=device)
 
