@@ -706,6 +706,15 @@ class QValue(nn.Module):
 class TestTorchRL:
     """A real TorchRL loss (its LossModule registers the warning pre-hook), where TorchRL is installed."""
 
+    @pytest.fixture(autouse=True)
+    def _capturing_as_on_a_gpu(self, graph_backend, monkeypatch):
+        """TorchRL's TanhNormal checks its bounds on the host (``(high > low).all()``, a sync) unless
+        ``torch.cuda.is_current_stream_capturing()``, which it asks only where CUDA is available:
+        under "simulate" both runs (plain and wrapped) take the branch a capture takes on a GPU."""
+        if graph_backend == "simulate":
+            continuous = pytest.importorskip("torchrl.modules.distributions.continuous")
+            monkeypatch.setattr(continuous, "safe_is_current_stream_capturing", lambda: True)
+
     def test_sac_loss_served(self, graph_backend):
         objectives = pytest.importorskip("torchrl.objectives")
         modules = pytest.importorskip("torchrl.modules")
@@ -716,7 +725,10 @@ class TestTorchRL:
             actor = modules.ProbabilisticActor(
                 TensorDictModule(nn.Sequential(nn.Linear(4, 4), NormalParamExtractor()), in_keys=["observation"],
                                  out_keys=["loc", "scale"]),
-                in_keys=["loc", "scale"], distribution_class=modules.TanhNormal, return_log_prob=True)
+                in_keys=["loc", "scale"], distribution_class=modules.TanhNormal, return_log_prob=True,
+                # the bounds as tensors on the device, as TorchRL's scripts pass their action spec's:
+                # Python numbers would be copied from the host at every call, which a capture refuses
+                distribution_kwargs={"low": -torch.ones(2), "high": torch.ones(2)})
             qvalue = modules.ValueOperator(QValue(), in_keys=["observation", "action"])
             loss = objectives.SACLoss(actor, qvalue, num_qvalue_nets=2, target_entropy=-2.0)
             objectives.SoftUpdate(loss, eps=0.99)  # attached before the first call, as in TorchRL's scripts
