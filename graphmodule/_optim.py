@@ -120,7 +120,9 @@ class _Switch:
         self.switched: list[torch.optim.Optimizer] = []
 
     def __call__(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() != self.thread:
+        # a step torch.compile traces is made capturable by torch.compile itself; the hook is
+        # not traced (dynamo cannot trace threading.get_ident, and would guard on what it reads)
+        if torch.compiler.is_compiling() or threading.get_ident() != self.thread:
             return
         now = verdict(facts(opt), self.device, self.simulated)
         if now is Verdict.SWITCH:
