@@ -120,10 +120,11 @@ class _Switch:
         self.device, self.simulated, self.thread = device, simulated, threading.get_ident()
         self.switched: list[torch.optim.Optimizer] = []
 
+    # run as Python where torch.compile traces the step (dynamo cannot trace threading.get_ident,
+    # and warns): the step is split there, and its param groups are switched before it is traced
+    @torch.compiler.disable
     def __call__(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        # a step inside a torch.compile-d function: dynamo traces this hook (and cannot trace
-        # the thread check); it makes the optimizers capturable itself, as torch.compile does
-        if torch.compiler.is_compiling() or threading.get_ident() != self.thread:
+        if threading.get_ident() != self.thread:
             return
         now = verdict(facts(opt), self.device, self.simulated)
         if now is Verdict.SWITCH:

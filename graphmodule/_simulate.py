@@ -18,7 +18,9 @@ same tensor objects (the capture's memory), with the Python values they had at c
   on the simulator every tensor stands for a device tensor (``torch.equal`` answered from
   sizes and memory alone, as CUDA answers it, is served);
 - a capture that fails leaves the memory the function wrote as it was (a CUDA capture
-  records kernels without running them): what existed before is saved at its first write.
+  records kernels without running them): what existed before is saved at its first write;
+- a function compiled with ``torch.compile`` is recorded as its eager operations (its
+  kernels dispatch none): values as the compiled kernels' up to the last bits.
 
 >>> import torch
 >>> graph = record(lambda: torch.ones(2) * 3)
@@ -276,7 +278,10 @@ def record(body: Callable[[], Any]) -> SimulatedGraph:
     replays them. Raises ``RuntimeError(HOST_SYNC)`` where the host would wait for the device."""
     recorder = _Recorder()
     try:
-        with recorder:
+        # code torch.compile made runs its kernels (Triton, C++) without dispatching aten
+        # operations, which the recorder would miss: the capture runs the compiled functions'
+        # Python eagerly, whose operations compute what their kernels compute
+        with torch.compiler.set_stance("force_eager"), recorder:
             out = body()
     except BaseException:
         recorder.restore()

@@ -314,7 +314,18 @@ def test_dict_types_given_as_arguments(kind, graph_backend):
             else:
                 assert mine[key] == theirs[key] and type(mine[key]) is type(theirs[key])
     assert g.stats.captures == 1
+    # another scalar is another variant: served as the plain call (by default, a graph of its own)
+    for _ in range(3):
+        (x, mine), (x2, theirs) = make(1), make(1)
+        mine["scale"] = theirs["scale"] = 3.0
+        torch.testing.assert_close(g(x, mine), fn(x2, theirs))
+        assert list(mine) == list(theirs)
+    assert g.stats.captures == 2
+    # with one graph allowed, it is refused, naming the key
+    one = CudaGraphModule(fn, warmup=1, backend=graph_backend, max_graphs=1)
+    for k in range(3):
+        one(*make(k))
     x, cfg = make(0)
     cfg["scale"] = 3.0
     with pytest.raises(InputMismatchError, match=r"args\[1\]\['scale'\]: expected value 2\.0, got 3\.0"):
-        g(x, cfg)
+        one(x, cfg)

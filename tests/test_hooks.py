@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 from torch.nn.utils import prune
 
-from graphmodule import CudaGraphModule, InputMismatchError, StaleGraphError, UnsupportedError, allow_hook
+from graphmodule import CaptureError, CudaGraphModule, InputMismatchError, StaleGraphError, UnsupportedError, allow_hook
 
 X = torch.ones(2, 3)
 
@@ -42,6 +42,10 @@ def _refusal(hook: str, where: str, changes: str, register: str = "register_forw
 
 
 def log_activation(module, args, output):
+    LOG.append(output.detach().sum())  # kept on the device: `.item()` would be a host sync (refused first)
+
+
+def log_activation_item(module, args, output):
     LOG.append(output.sum().item())
 
 
@@ -156,6 +160,29 @@ class TestRefusedAtCapture:
         out = _calls(g, x=ones)[-1]
         torch.testing.assert_close(out, net(ones + 2))
         assert g.stats.captures == 1
+
+    def test_a_forward_hook_that_reads_a_value_on_the_host(self, graph_backend, ones):
+        # `.item()` makes the host wait for the device, which a CUDA capture refuses: the capture
+        # fails naming the hook's line, before the hook could change anything
+        LOG.clear()
+        net = _net()
+        twin = copy.deepcopy(net)
+        handle = net[0].register_forward_hook(log_activation_item)
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.no_grad():
+            g(ones)  # the warmup call, eager: the hook logs as the plain module's would
+            assert LOG == [twin[0](ones).sum().item()]
+            with pytest.raises(CaptureError) as info:
+                g(ones)
+        handle.remove()
+        message = str(info.value)
+        assert message.startswith(
+            "CudaGraphModule(Sequential) failed to capture its CUDA graph at test_hooks.py:"
+            f"{log_activation_item.__code__.co_firstlineno + 1} in log_activation_item "
+            "`LOG.append(output.sum().item())`: ")
+        assert "operation not permitted when stream is capturing" in message
+        assert "Likely cause (host-sync): the function reads a value on the host (`.item()`" in message
+        assert len(LOG) == 1 and g.stats.captures == 0
 
     @pytest.mark.parametrize("effect", EFFECTS, ids=[e.__name__.strip("_") for e in EFFECTS])
     def test_each_python_effect_is_refused_naming_the_hook(self, graph_backend, ones, effect):
@@ -339,6 +366,12 @@ def _warned_calls(f, n, x):
     return out, warned
 
 
+def _python_calls(g) -> int:
+    """How many calls ran the function: warmup calls and captures of every kind."""
+    s = g.stats
+    return s.warmup_calls + s.captures + s.twin_captures + s.copy_recaptures + s.lending_captures
+
+
 class TestAHookThatWarns:
     """TorchRL's losses warn from a forward pre-hook when no target-network updater was attached."""
 
@@ -348,15 +381,16 @@ class TestAHookThatWarns:
         twin = copy.deepcopy(loss)
         g = CudaGraphModule(loss, warmup=2, backend=graph_backend)
         with torch.no_grad():
-            got, warned = _warned_calls(g, 5, ones)
-            expected, eager_warned = _warned_calls(twin, 5, ones)
+            got, warned = _warned_calls(g, 9, ones)
+            expected, eager_warned = _warned_calls(twin, 9, ones)
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b)
-        assert eager_warned == [1] * 5
-        assert warned[:3] == [1, 1, 1]  # two warmup calls and the capture run the hook eagerly
-        if graph_backend == "cuda":  # (a simulated replay re-runs the function, hooks included)
-            assert warned[3:] == [0, 0]
-        assert g.stats.captures == 1 and g.stats.replays == 3
+        assert eager_warned == [1] * 9
+        # the calls that run the function (warmup, the capture, and, as the caller holds each
+        # result, the captures that return them elsewhere) run the hook; a replay runs no Python
+        assert warned[:3] == [1, 1, 1]
+        assert warned == [1] * _python_calls(g) + [0] * (9 - _python_calls(g)) and warned[-2:] == [0, 0]
+        assert g.stats.captures == 1
 
     def test_an_updater_attached_after_the_capture_makes_it_stale(self, graph_backend, ones):
         loss = LossLike()
@@ -409,12 +443,11 @@ class TestAHookThatWarns:
             return x * 2
 
         g = CudaGraphModule(f, warmup=1, backend=graph_backend)
-        got, warned = _warned_calls(g, 4, ones)
+        got, warned = _warned_calls(g, 8, ones)
         for i, out in enumerate(got):
             torch.testing.assert_close(out, (ones + i) * 2)
         assert warned[:2] == [1, 1]
-        if graph_backend == "cuda":
-            assert warned[2:] == [0, 0]
+        assert warned == [1] * _python_calls(g) + [0] * (8 - _python_calls(g)) and warned[-2:] == [0, 0]
         assert g.stats.captures == 1
 
 
@@ -673,6 +706,15 @@ class QValue(nn.Module):
 class TestTorchRL:
     """A real TorchRL loss (its LossModule registers the warning pre-hook), where TorchRL is installed."""
 
+    @pytest.fixture(autouse=True)
+    def _capturing_as_on_a_gpu(self, graph_backend, monkeypatch):
+        """TorchRL's TanhNormal checks its bounds on the host (``(high > low).all()``, a sync) unless
+        ``torch.cuda.is_current_stream_capturing()``, which it asks only where CUDA is available:
+        under "simulate" both runs (plain and wrapped) take the branch a capture takes on a GPU."""
+        if graph_backend == "simulate":
+            continuous = pytest.importorskip("torchrl.modules.distributions.continuous")
+            monkeypatch.setattr(continuous, "safe_is_current_stream_capturing", lambda: True)
+
     def test_sac_loss_served(self, graph_backend):
         objectives = pytest.importorskip("torchrl.objectives")
         modules = pytest.importorskip("torchrl.modules")
@@ -683,7 +725,10 @@ class TestTorchRL:
             actor = modules.ProbabilisticActor(
                 TensorDictModule(nn.Sequential(nn.Linear(4, 4), NormalParamExtractor()), in_keys=["observation"],
                                  out_keys=["loc", "scale"]),
-                in_keys=["loc", "scale"], distribution_class=modules.TanhNormal, return_log_prob=True)
+                in_keys=["loc", "scale"], distribution_class=modules.TanhNormal, return_log_prob=True,
+                # the bounds as tensors on the device, as TorchRL's scripts pass their action spec's:
+                # Python numbers would be copied from the host at every call, which a capture refuses
+                distribution_kwargs={"low": -torch.ones(2), "high": torch.ones(2)})
             qvalue = modules.ValueOperator(QValue(), in_keys=["observation", "action"])
             loss = objectives.SACLoss(actor, qvalue, num_qvalue_nets=2, target_entropy=-2.0)
             objectives.SoftUpdate(loss, eps=0.99)  # attached before the first call, as in TorchRL's scripts

@@ -386,29 +386,39 @@ def test_an_optimizer_of_cpu_parameters_is_not_switched(cuda):
         "<locals>.step; do: move its parameters to cuda:0 before creating it, with capturable=True.")
 
 
-def test_a_step_inside_a_compiled_function_is_left_to_torch_compile(graph_backend):
-    """LeanRL's ``CudaGraphModule(torch.compile(update))``: dynamo traces the step pre-hooks of
-    the optimizer it steps, ours included; the hook stands aside while compiling (dynamo makes
-    the optimizers it steps capturable itself), so compiling the step neither fails nor warns."""
-    def compiled_step(net, opt):
-        def step(x, y):
-            opt.zero_grad()
-            loss = (net(x) - y).pow(2).mean()
-            out = loss.detach()  # (before backward: dynamo's resume frame would read a non-leaf's .grad)
-            loss.backward()
-            opt.step()
-            return out
-
-        return torch.compile(step, backend="aot_eager")
-
-    torch._dynamo.reset()
+def test_a_plain_adam_in_a_compiled_step_is_switched_too(graph_backend):
+    # torch.compile traces the step with the switch's pre-hook in it: the hook runs as Python
+    # there (dynamo cannot trace it, and warned), the step is switched before it is traced
     net = _net()
     twin = copy.deepcopy(net)
-    g = CudaGraphModule(compiled_step(net, torch.optim.Adam(net.parameters(), lr=1e-2)), warmup=2,
-                        backend=graph_backend)
-    plain = compiled_step(twin, torch.optim.Adam(twin.parameters(), lr=1e-2))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    g = CudaGraphModule(torch.compile(_train_step(net, opt)), warmup=2, backend=graph_backend)
+    cuda = graph_backend == "cuda"
+    same = _train_step(twin, torch.optim.Adam(twin.parameters(), lr=1e-2, capturable=cuda, fused=not cuda))
+    with pytest.warns(UserWarning) as record:
+        torch.testing.assert_close(g(*_batch(0)), same(*_batch(0)), **LAST_BITS)
+    place = "Adam at closure variable 'opt' of _train_step.<locals>.step"
+    assert _ours(record) == ([_switched("CudaGraphModule(step)", place, CUDA0)] if cuda
+                             else [_fused("CudaGraphModule(step)", place)])
+    assert not [w for w in record if "Dynamo" in str(w.message)]  # (the hook is not traced)
+    for i in range(1, STEPS):  # the compiled warmup calls, the capture and replays that step
+        torch.testing.assert_close(g(*_batch(i)), same(*_batch(i)), **LAST_BITS)
+    assert g.state == "captured" and g.stats.replays == STEPS - 2
+    assert opt.param_groups[0]["capturable"] is cuda and opt.param_groups[0]["fused"] is not cuda
+    for p, q in zip(net.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, **LAST_BITS)  # (compiled kernels against eager ones: last bits)
+
+
+def test_sgd_in_a_compiled_step_steps_at_every_replay(graph_backend):
+    # a compiled step's kernels (Triton, C++) are what the graph replays; the simulated graph
+    # records the step's operations, as the compiled kernels compute them
+    net = _net()
+    twin = copy.deepcopy(net)
+    g = CudaGraphModule(torch.compile(_train_step(net, torch.optim.SGD(net.parameters(), lr=1e-2, momentum=0.9))),
+                        warmup=2, backend=graph_backend)
+    plain = _train_step(twin, torch.optim.SGD(twin.parameters(), lr=1e-2, momentum=0.9))
     for i in range(STEPS):
         torch.testing.assert_close(g(*_batch(i)), plain(*_batch(i)), **LAST_BITS)
     assert g.state == "captured" and g.stats.replays == STEPS - 2
-    for p, r in zip(net.parameters(), twin.parameters()):
-        torch.testing.assert_close(p, r, **LAST_BITS)
+    for p, q in zip(net.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, **LAST_BITS)
