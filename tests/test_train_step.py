@@ -262,7 +262,7 @@ def test_gradients_bound_by_the_last_call_do_not_hold_its_output_set(graph_backe
 
 
 def _adam(params):
-    return torch.optim.Adam(params, lr=1e-2, capturable=torch.get_default_device().type == "cuda")
+    return torch.optim.Adam(params, lr=1e-2, **_DEVICE_STEP[torch.get_default_device().type == "cuda"])
 
 
 def _same_grads(got, want, where):
