@@ -178,8 +178,9 @@ def _lagged(opt, net):
 class TestRefusedAtCapture:
     """What a replay cannot redo is refused at capture, naming what and where."""
 
-    def test_an_optimizer_step_before_zero_grad_reads_the_last_calls_gradients(self, graph_backend):
-        (net, opt), _ = _models("sgd_momentum")
+    @pytest.mark.parametrize("opt_kind", ["sgd_momentum", "adam"])  # (adam: fused on a CPU, no version bump)
+    def test_an_optimizer_step_before_zero_grad_reads_the_last_calls_gradients(self, graph_backend, opt_kind):
+        (net, opt), _ = _models(opt_kind)
         g = CudaGraphModule(_lagged(opt, net), warmup=1, backend=graph_backend)
         g(*_batch(0))
         with pytest.raises(UnsupportedError) as info:
