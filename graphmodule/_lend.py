@@ -52,16 +52,20 @@ read the graph's memory, which the next call overwrites. Use ``outputs="clone"``
 from __future__ import annotations
 
 import ctypes
+import weakref
 from sys import getrefcount
 from typing import Any
 
 import torch
 
-__all__ = ["DroppingLender", "Lender", "available"]
+__all__ = ["DroppingLender", "Lender", "available", "by_address"]
 
 Tensor = torch.Tensor
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+# each lent storage (held weakly), and the storage of the graph under it
+_OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def available() -> bool:
@@ -89,7 +93,21 @@ def _lent_storage(owner: torch.UntypedStorage) -> torch.UntypedStorage:
         buffer.owner = owner
         flat = torch.frombuffer(buffer, dtype=torch.uint8)
     assert flat.data_ptr() == owner.data_ptr()
-    return flat.untyped_storage()
+    storage = flat.untyped_storage()
+    _OWNERS[storage] = owner
+    return storage
+
+
+def by_address(t: Tensor) -> Tensor | None:
+    """A tensor over the memory of ``t`` where ``t`` is a lent result (else ``None``) that keeps
+    the graph's memory alive without using the lent storage: how another graph that reads a
+    lent result holds it (a CUDA graph holds its address), so that it never counts as a caller
+    holding the result (gradient accumulation: a graph that adds into the gradients
+    another graph lent)."""
+    if not _OWNERS:
+        return None
+    owner = _OWNERS.get(t.untyped_storage())
+    return None if owner is None else _on(_lent_storage(owner), t)
 
 
 class _Group:

@@ -137,6 +137,11 @@ class Bindings:
         self.first: dict[int, int] = {}
         self._hooks = [t.register_post_accumulate_grad_hook(self._accumulated)
                        for t, g in zip(self.tensors, self.grads) if g is not None]
+        # the parameters whose .grad bound at the call an optimizer step read: seen by the step
+        # itself, since a fused step leaves the parameters' versions as they were
+        self._bound = {id(t): g for t, g in zip(self.tensors, self.grads) if g is not None}
+        self.read_by_step: set[int] = set()
+        self._hooks += [opt.register_step_pre_hook(self._stepping) for opt in self.optimizers]
         self.dicts = found.dicts
         self.before = [dict(d) for d, _ in found.dicts]
         # tensors held in those dicts, each replaced by a probe for the capture
@@ -153,6 +158,13 @@ class Bindings:
 
     def _accumulated(self, t: Tensor) -> None:
         self.first.setdefault(id(t), t._version)
+
+    def _stepping(self, opt: Any, args: Any, kwargs: Any) -> None:
+        bound = self._bound
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and p.grad is bound.get(id(p)):
+                    self.read_by_step.add(id(p))
 
     def close(self) -> None:
         """After the capture: the hooks removed, every probe replaced by its tensor again."""
@@ -228,6 +240,7 @@ class Bindings:
         # the optimizers the capture stepped (one of their parameters was updated in place):
         # they read every parameter's .grad, None included
         updated = {id(t) for t, (version, _) in zip(self.tensors, self.versions) if t._version != version}
+        updated |= self.read_by_step
         stepped: set[int] = set()
         for opt in self.optimizers:
             params = [id(p) for group in opt.param_groups for p in group["params"]]
@@ -252,7 +265,7 @@ class Bindings:
         """What the capture did with tensor ``k``'s ``.grad`` (``None``: nothing, and it reads
         none); raises where it read the gradient bound at the call and then rebound it."""
         t, before, (version, grad_version) = self.tensors[k], self.grads[k], self.versions[k]
-        after, updated = t.grad, t._version != version
+        after, updated = t.grad, t._version != version or id(t) in self.read_by_step
         if after is before:
             written = before is not None and before._version != grad_version
             return KEPT if written or updated or (before is None and stepped) else None
@@ -260,6 +273,7 @@ class Bindings:
             return FRESH
         first = self.first.get(id(t))
         read = (grad_version != before._version  # written in place, then dropped
+                or id(t) in self.read_by_step  # an optimizer step read it
                 or (after is not None and after.grad_fn is not None)  # backward(create_graph=True) added to it
                 or (first is not None and first != version)  # updated before its new gradient
                 or (first is None and after is None and updated))  # updated, then its gradient dropped

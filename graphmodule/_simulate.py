@@ -37,7 +37,9 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
+
+from ._lend import by_address
 
 __all__ = ["HOST_SYNC", "Op", "SimulatedGraph", "record"]
 
@@ -286,4 +288,25 @@ def record(body: Callable[[], Any]) -> SimulatedGraph:
     except BaseException:
         recorder.restore()
         raise
-    return SimulatedGraph(recorder.ops, out, recorder.freed())
+    return SimulatedGraph(_by_address(recorder.ops), out, recorder.freed())
+
+
+def _by_address(ops: list[Op]) -> list[Op]:
+    """``ops`` with the results another graph lent, which they read or write, held as a GPU's
+    graph holds memory: by its address (a tensor over the same memory, not over the lent
+    storage, whose uses tell whether a caller still holds the result)."""
+    aliases: dict[int, Any] = {}
+
+    def swap(x: Any) -> Any:
+        if _storage(x) is None:
+            return x
+        if id(x) not in aliases:
+            aliases[id(x)] = by_address(x)
+        alias = aliases[id(x)]
+        return x if alias is None else alias
+
+    out = []
+    for op in ops:
+        args, kwargs = tree_map(swap, (op.args, op.kwargs))
+        out.append(op._replace(args=args, kwargs=kwargs))
+    return out

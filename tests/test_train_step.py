@@ -178,8 +178,9 @@ def _lagged(opt, net):
 class TestRefusedAtCapture:
     """What a replay cannot redo is refused at capture, naming what and where."""
 
-    def test_an_optimizer_step_before_zero_grad_reads_the_last_calls_gradients(self, graph_backend):
-        (net, opt), _ = _models("sgd_momentum")
+    @pytest.mark.parametrize("opt_kind", ["sgd_momentum", "adam"])  # (adam: fused on a CPU, no version bump)
+    def test_an_optimizer_step_before_zero_grad_reads_the_last_calls_gradients(self, graph_backend, opt_kind):
+        (net, opt), _ = _models(opt_kind)
         g = CudaGraphModule(_lagged(opt, net), warmup=1, backend=graph_backend)
         g(*_batch(0))
         with pytest.raises(UnsupportedError) as info:
@@ -262,7 +263,7 @@ def test_gradients_bound_by_the_last_call_do_not_hold_its_output_set(graph_backe
 
 
 def _adam(params):
-    return torch.optim.Adam(params, lr=1e-2, capturable=torch.get_default_device().type == "cuda")
+    return torch.optim.Adam(params, lr=1e-2, **_DEVICE_STEP[torch.get_default_device().type == "cuda"])
 
 
 def _same_grads(got, want, where):
@@ -336,6 +337,49 @@ class TestGradientAccumulation:
         assert (g.stats.graphs, g.stats.captures) == (2, 2 if cycle == 2 else 3)
         if apply == "wrapped":
             assert (g_apply.stats.graphs, g_apply.stats.captures) == (1, 1)
+
+    @pytest.mark.parametrize("kept_at", [6, 8])
+    def test_a_gradient_kept_past_its_cycle_with_a_fused_step_wrapped_apart(self, graph_backend, kept_at):
+        # the kept gradient makes the accumulating call bind another output set (a twin); the wrapped
+        # step read the gradients its capture found, which a fused step shows in no parameter's
+        # version: it must be captured again over those bound now, not step with the old memory
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        twin = copy.deepcopy(net)
+        opt, opt_e = (torch.optim.Adam(m.parameters(), lr=1e-2, fused=True) for m in (net, twin))
+
+        def accumulate(net):
+            def accumulate(x, y):
+                loss = (net(x) - y).pow(2).mean()
+                loss.backward()
+                return loss.detach()
+
+            return accumulate
+
+        def step(opt):
+            def apply():
+                opt.step()
+                opt.zero_grad()
+
+            return apply
+
+        g, g_apply = CudaGraphModule(accumulate(net), warmup=2, backend=graph_backend), \
+            CudaGraphModule(step(opt), warmup=2, backend=graph_backend)
+        eager, eager_apply = accumulate(twin), step(opt_e)
+        kept = []
+        for i in range(12):
+            torch.testing.assert_close(g(*_batch(i)), eager(*_batch(i)), rtol=1e-4, atol=1e-5)
+            _same_grads(net.named_parameters(), twin.named_parameters(), f"call {i}")
+            if i == kept_at:
+                kept.append(([p.grad for p in net.parameters()], [q.grad for q in twin.parameters()]))
+            if i % 2 == 1:
+                g_apply()
+                eager_apply()
+                _same_grads(net.named_parameters(), twin.named_parameters(), f"step after call {i}")
+        for got, want in kept:
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert g.stats.twin_captures >= 1 and g_apply.stats.recaptures >= 1  # (the path this is about)
 
     def test_one_graph_refuses_the_other_state_naming_max_graphs(self, graph_backend):
         (net, opt), _ = _models()

@@ -42,9 +42,11 @@ def _td3():
     torch.manual_seed(0)
     actor = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1), nn.Tanh())
     critic = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    capturable = torch.get_default_device().type == "cuda"
-    actor_opt = torch.optim.Adam(actor.parameters(), lr=1e-2, capturable=capturable)
-    critic_opt = torch.optim.Adam(critic.parameters(), lr=1e-2, capturable=capturable)
+    # capturable on CUDA; fused on a CPU, where capturable is refused (both keep the step count on the
+    # device: a plain Adam reads it on the host, which a capture refuses)
+    step = {"capturable": True} if torch.get_default_device().type == "cuda" else {"fused": True}
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=1e-2, **step)
+    critic_opt = torch.optim.Adam(critic.parameters(), lr=1e-2, **step)
 
     def update(td, update_actor):
         critic_opt.zero_grad()
@@ -66,7 +68,7 @@ def _td3():
 
 def _batch(i):
     gen = torch.Generator().manual_seed(i)  # (on the CPU, whatever the default device)
-    data = {key: torch.randn(16, n, generator=gen) for key, n in (("obs", 3), ("action", 1), ("target", 1))}
+    data = {key: torch.randn(16, n, generator=gen, device="cpu") for key, n in (("obs", 3), ("action", 1), ("target", 1))}
     return TensorDict(data, batch_size=[16]).to(torch.get_default_device())
 
 

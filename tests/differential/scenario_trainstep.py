@@ -1,7 +1,8 @@
 """Scenarios: whole train steps inside the wrapped function, with everything a step leaves behind observed.
 
 The function runs forward, loss, backward, maybe gradient clipping, and an optimizer step
-(SGD with momentum or Nesterov, Adam, AdamW, RMSprop; capturable where CUDA needs it; float
+(SGD with momentum or Nesterov, Adam, AdamW, RMSprop; capturable where CUDA needs it, Adam and
+AdamW fused on a CPU, where torch refuses capturable: both keep their step counts in tensors; float
 or tensor learning rates). ``optimizer.zero_grad()`` runs inside the function, outside it
 between calls, or after the step, with ``set_to_none`` True (torch's default) or False.
 Results are held or dropped (held ones make ``outputs="safe"`` capture twins), and a second
@@ -67,9 +68,9 @@ OPTIMIZERS = {
     "sgd": "torch.optim.SGD(net.parameters(), lr=0.05)",
     "sgd_momentum": "torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)",
     "sgd_nesterov": "torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)",
-    "adam": "torch.optim.Adam(net.parameters(), lr=0.01, capturable=CUDA)",
-    "adam_tensor_lr": "torch.optim.Adam(net.parameters(), lr=torch.tensor(0.01, device=device), capturable=CUDA, foreach=False)",
-    "adamw": "torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1, capturable=CUDA)",
+    "adam": "torch.optim.Adam(net.parameters(), lr=0.01, capturable=CUDA, fused=not CUDA)",
+    "adam_tensor_lr": "torch.optim.Adam(net.parameters(), lr=torch.tensor(0.01, device=device), capturable=CUDA, fused=not CUDA, foreach=False)",
+    "adamw": "torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1, capturable=CUDA, fused=not CUDA)",
     "rmsprop": "torch.optim.RMSprop(net.parameters(), lr=0.01, momentum=0.5, capturable=CUDA)",
 }
 ZERO = {  # where zero_grad runs: (inside the function before the forward, outside it, after the step)
