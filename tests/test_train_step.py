@@ -346,7 +346,8 @@ class TestGradientAccumulation:
         torch.manual_seed(0)
         net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
         twin = copy.deepcopy(net)
-        opt, opt_e = (torch.optim.Adam(m.parameters(), lr=1e-2, fused=True) for m in (net, twin))
+        cuda = graph_backend == "cuda"  # (capturable on CUDA: else the wrapper switches it, with a warning)
+        opt, opt_e = (torch.optim.Adam(m.parameters(), lr=1e-2, fused=True, capturable=cuda) for m in (net, twin))
 
         def accumulate(net):
             def accumulate(x, y):
