@@ -368,15 +368,13 @@ class Materialized:
     objects are kept alive here, so ids stay valid.
     """
 
-    def __init__(self, inputs: StaticInputs, callers: dict[int, Any] | None = None,
-                 mirrors: dict[tuple, tuple] | None = None):
+    def __init__(self, inputs: StaticInputs, callers: dict[int, Any] | None = None):
         layout = inputs.layout
         self.slot_objs: dict[int, Any] = {}
         # (position, key) -> (batch size, device) of the caller's nested TensorDicts that a
         # TensorDict read by key (a TensorDictModule's input) holds but does not read:
         # mirrored empty, so that a write below one lands in it (and merges into the
-        # caller's, as eagerly). Found from the ``callers`` at capture; ``mirrors`` repeats
-        # them (simulated replays).
+        # caller's, as eagerly). Found from the ``callers`` at capture.
         self.mirrors: dict[tuple, tuple] = {}
         self.by_key = {slot.position for slot in layout.slots if not slot.exact}
         self.slot_paths = {slot.position: tuple(slot.path) for slot in layout.slots}
@@ -386,15 +384,8 @@ class Materialized:
         for slot in layout.slots:
             values = [inputs.leaves[i] for i in inputs.ranges[slot.position]]
             td = build_td(slot.root, values)
-            if slot.position in self.by_key and not slot.is_tc:
-                if mirrors is not None:
-                    for (position, key), (batch_size, device) in mirrors.items():
-                        if position == slot.position:
-                            parent = td.get(key[:-1]) if len(key) > 1 else td
-                            parent._tensordict[key[-1]] = TensorDict(batch_size=batch_size, device=device)
-                    self.mirrors.update(mirrors)
-                elif callers is not None and slot.position in callers:
-                    self._mirror(td, callers[slot.position], slot.position, ())
+            if slot.position in self.by_key and not slot.is_tc and callers is not None and slot.position in callers:
+                self._mirror(td, callers[slot.position], slot.position, ())
             obj = slot.cls._from_tensordict(td, non_tensordict=dict(slot.tc_extra)) if slot.is_tc else td
             self.slot_objs[slot.position] = obj
         self.tree = unflatten(layout, inputs.leaves, self.slot_objs)

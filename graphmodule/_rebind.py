@@ -44,16 +44,13 @@ rebinds it (``self.mean = 0.9 * self.mean + 0.1 * x``), which a replay would not
 the capture each such tensor is replaced by a *probe* (a subclass noting every torch function
 it meets) and restored after; a rebound one that was used is refused. Code compiled by
 ``torch.compile`` would recompile for a probe: there, rebinding a tensor is refused.
-
-A simulated replay re-runs the function; :meth:`Bindings.strict` then puts ``.grad`` and the
-attributes back as a real replay leaves them, so that CPU tests see what real graphs do.
 """
 
 from __future__ import annotations
 
 import enum
 from operator import is_
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -289,46 +286,6 @@ class Bindings:
                 "backward before the optimizer step inside the function.",
             )
         return DROPPED
-
-    def strict(self, rerun: Callable, ops: list) -> Callable:
-        """``rerun`` (a simulated replay's run of the function) made to leave ``.grad`` and
-        attributes as a real replay does: as they were before it. What it bound where the
-        entry's ``ops`` rebind is handed on as their targets, for the graph's buffers.
-        (Only for a capture that rebound or required something: elsewhere a re-run finds
-        nothing to put back, and simulated policies keep their speed.)"""
-        tensors, dicts = self.tensors, [d for d, _ in self.dicts]
-
-        def run(refs: list) -> tuple[Any, list]:
-            grads = [t.grad for t in tensors]
-            items = [dict(d) for d in dicts]
-            out, targets = rerun(refs)
-            targets = list(targets)
-            for k, op in enumerate(ops):
-                if isinstance(op, GradOp):
-                    targets[k] = [_Bound(t.grad) for t in op.target.obj]
-                elif isinstance(op, AttrOp):
-                    targets[k] = {op.name: op.target.obj.get(op.name)}
-            for t, g in zip(tensors, grads):
-                if t.grad is not g:
-                    t.grad = g
-            for d, before in zip(dicts, items):
-                for key, was, _ in _changed(before, d):
-                    if was is _ABSENT:
-                        del d[key]
-                    else:
-                        d[key] = was
-            return out, targets
-
-        return run
-
-
-class _Bound:
-    """What a simulated replay's run bound to a ``.grad`` (``collect_call`` reads ``.grad``)."""
-
-    __slots__ = ("grad",)
-
-    def __init__(self, grad: Any) -> None:
-        self.grad = grad
 
 
 def _changed(before: dict, d: dict) -> list[tuple[Any, Any, Any]]:

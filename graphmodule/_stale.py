@@ -117,11 +117,6 @@ class Watch(Discovery):
             return False
         return True
 
-    def renew(self) -> Watch:
-        """A new walk from the same callable, with the same options (after a re-run rebound
-        what the graph reads: simulated replays)."""
-        return Watch(self._fn, self.backward_hooks, self.rebound)
-
     def _read_all(self) -> bool:
         """Every place, read by identity; the dict watchers registered first (at the first
         check) and the flag lowered before reading: a change from here on raises it again."""
