@@ -66,19 +66,7 @@ class Watch(Discovery):
         addresses of the distinct tensors (``p.data = ...`` keeps the object, not its memory).
         Only a place holding another object (an equal float rebound, a new tensor over the
         same memory) takes the slower comparison."""
-        flag = self._flag
-        try:
-            if flag is not None and not flag.raised:  # no watched dict changed: the others only
-                same = all(map(is_, map(getitem, self._u_containers, self._u_keys), self._u_objects))
-            else:
-                same = self._read_all()
-            if same and self._cells:
-                same = all(map(is_, map(_contents, self._cells), self._cell_objects))
-            if not same and not self._adopt(self._now()):
-                self._raise()
-                return False
-        except (KeyError, IndexError, AttributeError, TypeError, ValueError):
-            self._raise()
+        if not self._places_same():
             return False
         grads = self._grads
         if grads is not None:
@@ -100,7 +88,7 @@ class Watch(Discovery):
                 and _same_addresses(self._tobjs, self._tptrs, self._tindex))
 
     def _places_same(self) -> bool:
-        """The first part of :meth:`check`: every watched place (the cold path's copy)."""
+        """The first part of :meth:`check` (and of the cold path's questions): every watched place."""
         flag = self._flag
         try:
             if flag is not None and not flag.raised:  # no watched dict changed: the others only
