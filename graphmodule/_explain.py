@@ -16,7 +16,7 @@ from tensordict import TensorDictBase, is_tensorclass
 
 from ._errors import WITHOUT_GRAPH, InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
 from ._paths import describe, format_key, format_path, leaf_texts
-from ._spec import InputSpec, same_constant
+from ._spec import InputSpec, captured, same_constant
 from ._tree import MISSING, Node, Slot, _is_non_tensor, child_td, flatten_with_path, is_slot_value
 
 __all__ = ["describe_facts", "describe_graphs", "describe_spec", "explain_mismatches", "mismatch_error"]
@@ -217,7 +217,7 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
         elif i in facts_at:
             found += _tensor_mismatches(text, facts_at[i], leaf, keys[i])
         elif not same_constant(leaf, consts_at[i]):
-            kind = "type" if isinstance(leaf, torch.Tensor) or type(leaf) is not type(consts_at[i]) else "value"
+            kind = "type" if isinstance(leaf, torch.Tensor) or type(leaf) is not type(captured(consts_at[i])) else "value"
             compat = "Varying inputs must be torch.Tensor subclasses." if kind == "value" else None
             found.append(Mismatch(text, kind, describe(consts_at[i]), describe(leaf), compat))
     if missing_keys:

@@ -30,7 +30,7 @@ try:  # dynamo's C++ tensor check; optional, the Python comparison is the refere
 except ImportError:  # pragma: no cover - depends on the torch build
     _TensorGuards = None
 
-__all__ = ["InputSpec", "facts", "same_constant"]
+__all__ = ["Held", "InputSpec", "captured", "facts", "held", "same_constant"]
 
 Tensor = torch.Tensor
 _shape = attrgetter("shape")
@@ -49,14 +49,75 @@ def facts(t: Tensor) -> tuple:
     return (t.shape, t.dtype, t.device, t.requires_grad, t.layout)
 
 
+class Held:
+    """A mutable container passed whole, as one constant (a ``dict`` subclass optree does not
+    flatten): the object, and the entries it held at capture. The same object changed in place
+    since then is another constant (compared by its entries, not by identity), as an equal copy
+    is the same one.
+
+        >>> class Cfg(dict): ...
+        >>> cfg = Cfg(scale=2.0)
+        >>> held = Held(cfg)
+        >>> same_constant(cfg, held), same_constant(Cfg(scale=2.0), held)
+        (True, True)
+        >>> cfg["scale"] = 3.0
+        >>> same_constant(cfg, held), held
+        (False, {'scale': 2.0})
+    """
+
+    __slots__ = ("obj", "entries")
+
+    def __init__(self, obj: Any) -> None:
+        self.obj, self.entries = obj, _entries(obj)
+
+    def same(self, other: Any) -> bool:
+        if type(other) is not type(self.obj):
+            return False
+        now = _entries(other)
+        return len(now) == len(self.entries) and all(map(_same_entry, now, self.entries))
+
+    def __repr__(self) -> str:  # (as the object's own repr read at capture)
+        if isinstance(self.obj, dict):
+            return "{" + ", ".join(f"{k!r}: {v!r}" for k, v in self.entries) + "}"
+        return repr(set(self.entries) if isinstance(self.obj, set) else self.entries)
+
+
+def _entries(obj: Any) -> list:
+    if isinstance(obj, dict):
+        return list(obj.items())
+    return sorted(obj, key=repr) if isinstance(obj, set) else list(obj)
+
+
+def _same_entry(a: Any, b: Any) -> bool:
+    if type(a) is tuple and type(b) is tuple and len(a) == 2 == len(b):  # (a dict's key and value)
+        return same_constant(a[0], b[0]) and _same_entry(a[1], b[1])
+    return a is b or (not isinstance(a, Tensor) and same_constant(a, b))
+
+
+_MUTABLE = (dict, list, set)
+
+
+def held(value: Any) -> Any:
+    """``value`` as a signature keeps it: a mutable container as a :class:`Held` snapshot."""
+    return Held(value) if isinstance(value, _MUTABLE) else value
+
+
+def captured(constant: Any) -> Any:
+    """The object a signature's constant stands for."""
+    return constant.obj if type(constant) is Held else constant
+
+
 def same_constant(a: Any, b: Any) -> bool:
     """Whether a non-tensor argument is the captured one, as far as a graph can tell.
 
     ``-0.0`` and ``0.0`` compare equal in Python but not to a graph that divides by
-    them; ``nan`` is the captured ``nan``.
+    them; ``nan`` is the captured ``nan``; a container passed whole is compared with the
+    entries it held at capture (``b`` a :class:`Held`).
     """
     if a is b:
         return True
+    if type(b) is Held:
+        return b.same(a)
     if type(a) is not type(b):
         return False
     if type(a) is float:
@@ -72,6 +133,8 @@ def same_constant(a: Any, b: Any) -> bool:
 
 
 def _const_key(value: Any) -> Any:
+    if type(value) is Held:
+        return ("id", id(value.obj))
     if type(value) is float:
         return (float, "nan") if value != value else (float, value, math.copysign(1.0, value))
     try:
@@ -110,7 +173,7 @@ class InputSpec:
         self.const_index = tuple(i for i, leaf in enumerate(leaves) if not isinstance(leaf, Tensor))
         self.facts = tuple(facts(leaves[i]) for i in self.tensor_index)
         self.shapes = [f[0] for f in self.facts]
-        self.constants = tuple(leaves[i] for i in self.const_index)
+        self.constants = tuple(held(leaves[i]) for i in self.const_index)
         self.all_tensors = not self.const_index
         n = len(leaves)
         flat_positional = flatten((tuple(range(n)), {}))[1]

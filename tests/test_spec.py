@@ -353,3 +353,54 @@ class TestFlatCallReader:
         assert self._spec((), {"obs": (torch.zeros(1),)}).flat_call is None
         assert self._spec((), {"obs": torch.zeros(1), "h": None}).flat_call is None
         assert self._spec((torch.zeros(1),), {}).flat_call is None  # positional: its own path
+
+
+class Config(dict):
+    """A user's dict subclass, which optree does not flatten: passed whole, as one constant."""
+
+
+class TestAContainerPassedWhole:
+    """A ``dict`` subclass argument changed in place since the capture: eagerly the call reads its
+    entries now; a replay would read those baked in at capture, so it is another constant."""
+
+    @staticmethod
+    def f(x, cfg):
+        return x * cfg["scale"] + cfg["shift"]
+
+    def _calls(self, g, cfg, x):
+        got, want = [], []
+        for scale in (2.0, 2.0, 2.0, 3.0, 3.0, 2.0):
+            cfg["scale"] = scale  # the same object, changed in place
+            got.append(g(x, cfg))
+            want.append(self.f(x, cfg))
+        return got, want
+
+    def test_served_as_eagerly_by_default(self, graph_backend):
+        x, cfg = torch.arange(3.0), Config(scale=2.0, shift=1.0)
+        g = CudaGraphModule(self.f, warmup=1, backend=graph_backend)
+        got, want = self._calls(g, cfg, x)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        assert g.stats.captures == 2  # a graph for each content of the config
+
+    def test_refused_with_one_graph(self, graph_backend):
+        x, cfg = torch.arange(3.0), Config(scale=2.0, shift=1.0)
+        g = CudaGraphModule(self.f, warmup=1, max_graphs=1, backend=graph_backend)
+        for _ in range(3):
+            assert torch.equal(g(x, cfg), self.f(x, cfg))
+        cfg["scale"] = 3.0
+        with pytest.raises(InputMismatchError) as info:
+            g(x, cfg)
+        assert info.value.mismatches == [
+            Mismatch("args[1]", "value", "{'scale': 2.0, 'shift': 1.0}", "{'scale': 3.0, 'shift': 1.0}",
+                     "Varying inputs must be torch.Tensor subclasses.")]
+        cfg["scale"] = 2.0  # as captured again: replayed
+        assert torch.equal(g(x, cfg), self.f(x, cfg))
+
+    def test_an_equal_copy_is_the_same_constant(self, graph_backend):
+        x = torch.arange(3.0)
+        g = CudaGraphModule(self.f, warmup=1, max_graphs=1, backend=graph_backend)
+        for _ in range(4):
+            cfg = Config(scale=2.0, shift=1.0)  # a new object each call, equal entries
+            assert torch.equal(g(x, cfg), self.f(x, cfg))
+        assert g.stats.captures == 1 and g.stats.replays == 3
