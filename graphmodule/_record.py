@@ -169,13 +169,16 @@ def _same_settings(owner: str, before: dict[str, Any]) -> None:
         )
 
 
-def _outputs_as_eagerly(owner: str, builder: PlanBuilder, grad: bool) -> None:
-    """What a replay cannot give to the outputs the graph makes as the capturing call did:
-    the autograd history of a tensor made under torch.enable_grad() inside a call under
-    torch.no_grad() (a replay runs no autograd), an inference tensor made under
-    torch.inference_mode() entered inside the function (a replay's outputs are its buffers,
-    normal tensors, as are its views of them)."""
-    if not grad and any(builder.graph_requires_grad):
+def _outputs_as_eagerly(owner: str, builder: PlanBuilder, grad: bool, trains: Marks | None) -> bool:
+    """Whether the graph's outputs require grad where the call's grad mode is off (a train step
+    that enables grad inside a call under torch.no_grad(): its outputs require grad and refuse
+    backward, as eagerly after its backward); raises for what a replay cannot give them as the
+    capturing call did: the autograd history of a tensor made under torch.enable_grad() inside
+    a call under torch.no_grad() that is not a train step (a replay runs no autograd), an
+    inference tensor made under torch.inference_mode() entered inside the function (a replay's
+    outputs are its buffers, normal tensors, as are its views of them)."""
+    enables_grad = not grad and any(builder.graph_requires_grad)
+    if enables_grad and not (trains is not None and trains.trained()):
         raise UnsupportedError(
             owner,
             "expected outputs that do not require grad from a call under torch.no_grad(), got outputs that "
@@ -193,6 +196,7 @@ def _outputs_as_eagerly(owner: str, builder: PlanBuilder, grad: bool) -> None:
             "call the wrapper under torch.inference_mode() (its outputs are inference tensors then), or use "
             "torch.no_grad() inside the function.",
         )
+    return enables_grad
 
 
 def mode_reader(watch: Watch) -> ModeReader:
@@ -236,6 +240,9 @@ def record(
     inputs = StaticInputs(layout, leaves)
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []
     marks = Marks(before.externals.values(), [inputs.leaves[i] for i in tracked]) if grad else None
+    # (grad disabled: to tell a train step that enables grad inside, see _outputs_as_eagerly)
+    # (none under inference mode, where nothing requires grad)
+    trains = marks or (None if torch.is_inference_mode_enabled() else Marks(before.externals.values(), []))
     materialized = Materialized(inputs, callers=objs)
     containers = ContainerSnapshot(materialized)
     python = PythonEffects(before.functions)
@@ -283,12 +290,13 @@ def record(
         except Unsupported as exc:
             raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
                                    "TensorDicts, tensorclasses or plain objects holding them.") from None
-        _outputs_as_eagerly(owner, builder, grad)
+        enables_grad = _outputs_as_eagerly(owner, builder, grad, trains)
         layer = capture_layer(owner=owner, runner=runner, watch=before, inputs=inputs, tracked=tracked, marks=marks,
                               sources=builder.sources, requires_grad=builder.graph_requires_grad, texts=texts,
                               clone=clone, lend=lend)
         graph = builder.graph if twin is None else twin.outputs(builder.graph)
-        plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend, drops=rebinds.drops)
+        plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend, drops=rebinds.drops,
+                    enables_grad=enables_grad)
     except BaseException:
         runner.release(handle)
         raise

@@ -144,6 +144,37 @@ class TestEnableGradUnderNoGrad:
                 _same(g(x), fn(x))
 
 
+    def test_train_step_enabling_grad_inside_served(self, graph_backend):
+        """A train step enables grad inside: eagerly its loss requires grad (and refuses a second
+        backward); the replay's does too, and the parameters step as eagerly."""
+
+        def make():
+            torch.manual_seed(0)
+            net = nn.Linear(3, 1)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+            def step(x):
+                with torch.enable_grad():
+                    opt.zero_grad()
+                    loss = net(x).pow(2).mean()
+                    loss.backward()
+                opt.step()
+                return loss
+
+            return net, step
+
+        net, step = make()
+        ref_net, ref_step = make()
+        g = CudaGraphModule(step, warmup=1, backend=graph_backend)
+        x = torch.ones(4, 3)
+        with torch.no_grad():
+            for _ in range(4):
+                _same(g(x), ref_step(x))
+                for p, q in zip(net.parameters(), ref_net.parameters()):
+                    torch.testing.assert_close(p, q)
+                    torch.testing.assert_close(p.grad, q.grad)
+
+
 class TestInferenceModeInside:
     """S7: torch.inference_mode() entered inside the function: eagerly the result is an
     inference tensor; a replay's is the graph's buffer, a normal tensor."""
