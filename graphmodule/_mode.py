@@ -44,7 +44,7 @@ _autocast_enabled = torch.is_autocast_enabled
 _autocast_dtype = torch.get_autocast_dtype
 _autocast_cache = torch.is_autocast_cache_enabled
 _default_dtype = torch.get_default_dtype
-_deterministic = torch.are_deterministic_algorithms_enabled
+_deterministic = torch._C._get_deterministic_algorithms  # (torch.are_deterministic_algorithms_enabled, a C call)
 _training = attrgetter("training")
 _training_item = itemgetter("training")
 

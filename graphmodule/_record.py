@@ -148,8 +148,8 @@ def global_settings() -> dict[str, Any]:
     return {
         "torch.set_grad_enabled": torch.is_grad_enabled(),
         "torch.set_default_dtype": torch.get_default_dtype(),
-        "torch.use_deterministic_algorithms": (torch.are_deterministic_algorithms_enabled(),
-                                               torch.is_deterministic_algorithms_warn_only_enabled()),
+        "torch.use_deterministic_algorithms": f"{torch.are_deterministic_algorithms_enabled()}"
+        + (" (warn_only=True)" if torch.is_deterministic_algorithms_warn_only_enabled() else ""),
     }
 
 

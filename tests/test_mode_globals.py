@@ -33,6 +33,14 @@ def deterministic(on):
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
+LEFT_SET = (
+    "CudaGraphModule(fn) cannot replay this call as a CUDA graph: expected torch's global state as before the call "
+    "after it, got {}: the function sets it and leaves it set, which each eager call does and a replay would not.\n"
+    "To fix: set it outside the wrapped function, or inside it in a with-block that restores it (torch.no_grad(), "
+    "torch.enable_grad()) or with a try/finally that sets it back."
+)
+
+
 def _same(got, expected):
     assert type(got) is type(expected)
     assert got.dtype == expected.dtype and got.shape == expected.shape
@@ -129,8 +137,12 @@ class TestEnableGradUnderNoGrad:
                     out = g(x)
                     _same(out, fn(x))  # every call served is as eager
                     got.append(out)
-        assert "got outputs that require grad (the function enables grad inside, torch.enable_grad())" in str(
-            info.value)
+        assert str(info.value) == (
+            "CudaGraphModule(fn) cannot replay this call as a CUDA graph: expected outputs that do not require grad "
+            "from a call under torch.no_grad(), got outputs that require grad (the function enables grad inside, "
+            "torch.enable_grad()): a replay runs no autograd, so its results would not track gradients as the eager "
+            "call's do.\nTo fix: call the wrapper with grad enabled (its outputs then track gradients through the "
+            "graph), or leave torch.enable_grad() out of the wrapped function.")
 
     def test_served_with_grad_enabled_inside_without_parameters(self, graph_backend):
         def fn(x):
@@ -194,7 +206,12 @@ class TestInferenceModeInside:
                 out, out_view = g(x)
                 _same(out, y)
                 assert out_view._base is None
-        assert "got inference tensors (the function enters torch.inference_mode() inside)" in str(info.value)
+        assert str(info.value) == (
+            "CudaGraphModule(fn) cannot replay this call as a CUDA graph: expected normal tensors as outputs of a call "
+            "outside torch.inference_mode(), got inference tensors (the function enters torch.inference_mode() "
+            "inside): a replay's outputs are normal tensors, and views of them keep their base, which the eager "
+            "call's would not.\nTo fix: call the wrapper under torch.inference_mode() (its outputs are inference "
+            "tensors then), or use torch.no_grad() inside the function.")
 
     def test_served_under_the_callers_inference_mode(self, graph_backend):
         def fn(x):
@@ -223,7 +240,7 @@ class TestStateLeftSet:
             message = _capture_error(fn, x, graph_backend, lambda: torch.set_grad_enabled(True))
         finally:
             torch.set_grad_enabled(True)
-        assert "torch.set_grad_enabled: True before the call, False after it" in message
+        assert message == LEFT_SET.format("torch.set_grad_enabled: True before the call, False after it")
 
     def test_default_dtype_set_and_left(self, graph_backend):
         def fn(x):
@@ -233,4 +250,16 @@ class TestStateLeftSet:
         x = torch.ones(3)
         with default_dtype(torch.float32):
             message = _capture_error(fn, x, graph_backend, lambda: torch.set_default_dtype(torch.float32))
-        assert "torch.set_default_dtype: torch.float32 before the call, torch.float64 after it" in message
+        assert message == LEFT_SET.format(
+            "torch.set_default_dtype: torch.float32 before the call, torch.float64 after it")
+
+    def test_deterministic_algorithms_set_and_left(self, graph_backend):
+        def fn(x):
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            return x * 2
+
+        x = torch.ones(3)
+        with deterministic(False):
+            message = _capture_error(fn, x, graph_backend, lambda: torch.use_deterministic_algorithms(False))
+        assert message == LEFT_SET.format(
+            "torch.use_deterministic_algorithms: False before the call, True (warn_only=True) after it")
