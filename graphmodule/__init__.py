@@ -40,7 +40,8 @@ Modules, one concept each:
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_optim``: optimizers the function steps, made capturable before their first step (as
   torch.compile does) where exact; the cause and the fix where not.
-- ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode: part of the signature.
+- ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode, default dtype,
+  deterministic algorithms: part of the signature.
 - ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
   three runners (CUDA, simulated on any device, eager).
 - ``_simulate``: the simulated graph: the tensor operations a capture dispatched, replayed

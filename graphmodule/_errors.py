@@ -52,7 +52,8 @@ class Mismatch:
     ``kind`` is one of ``"structure"``, ``"order"``, ``"missing"``, ``"extra"``,
     ``"type"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"layout"``,
     ``"requires_grad"``, ``"value"``, ``"batch_size"``, ``"alias"``, ``"stride"``,
-    ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"autocast"``, ``"hook"`` (a module backward hook
+    ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"autocast"``,
+    ``"default_dtype"``, ``"deterministic"``, ``"hook"`` (a module backward hook
     on a graph captured as a layer), ``"inference"`` (an inference tensor where the replay
     writes into the input or saves it for backward), ``"overlap"`` (an expanded tensor where the
     replay writes into the input) or ``"unread"`` (a nested TensorDict the
@@ -120,6 +121,12 @@ _ADVICE = {
     "autocast": "autocast decides each op's dtype when the graph is captured, so the graph replays the "
     "dtypes it captured: call it under the captured autocast state (the same torch.autocast(...) around "
     "every call), or pass max_graphs=2 to keep one graph per state.",
+    "default_dtype": "the graph replays the dtypes it captured for tensors the function makes from Python "
+    "numbers (torch.zeros(3), torch.arange(3.)): call it under the captured torch.set_default_dtype(...), or "
+    "pass max_graphs=2 to keep one graph per default dtype.",
+    "deterministic": "the graph replays the kernels it captured, picked under the captured "
+    "torch.use_deterministic_algorithms(...): call it under that setting, or pass max_graphs=2 to keep one "
+    "graph per setting.",
     "interaction_type": "the graph replays the sampling branch it captured: call it under the "
     "captured interaction/exploration type, or pass max_graphs=2 to keep one graph per type.",
     "order": "the graph replays the order it captured (a function iterating a dict or "

@@ -7,7 +7,11 @@
 - tensordict's interaction type (``set_interaction_type`` / torchrl's
   ``set_exploration_type``): whether a probabilistic module samples or takes the mode;
 - autocast (``torch.autocast``) on the devices a graph runs on: each op's dtype, decided
-  when the op is recorded, and whether autocast's cast cache is on.
+  when the op is recorded, and whether autocast's cast cache is on;
+- the default dtype (``torch.set_default_dtype``): the dtype of the tensors the function
+  makes from Python numbers (``torch.zeros(3)``, ``torch.arange(3.)``);
+- ``torch.use_deterministic_algorithms``: which kernels ops pick (and whether one without a
+  deterministic variant raises).
 
 A graph captured under one mode replays that mode's branch, so the mode is part of
 the captured signature: a call under another one is refused, or gets its own graph.
@@ -39,6 +43,8 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _autocast_enabled = torch.is_autocast_enabled
 _autocast_dtype = torch.get_autocast_dtype
 _autocast_cache = torch.is_autocast_cache_enabled
+_default_dtype = torch.get_default_dtype
+_deterministic = torch._C._get_deterministic_algorithms  # (torch.are_deterministic_algorithms_enabled, a C call)
 _training = attrgetter("training")
 _training_item = itemgetter("training")
 
@@ -60,6 +66,8 @@ class Mode(NamedTuple):
     modules: tuple
     autocast: tuple | None
     inference: bool
+    dtype: torch.dtype = torch.float32
+    deterministic: bool = False
 
     def grad_mode(self) -> str:
         if self.inference:
@@ -83,7 +91,8 @@ def describe_autocast(state: tuple | None) -> str:
 def global_mode() -> tuple:
     """The modes read without knowing the function's modules (before its first capture, when
     its modules are not known yet): :class:`Mode`'s fields, with no module modes."""
-    return (_is_grad_enabled(), _interaction_type(), (), _autocast() if _any_autocast() else None, _is_inference())
+    return (_is_grad_enabled(), _interaction_type(), (), _autocast() if _any_autocast() else None, _is_inference(),
+            _default_dtype(), _deterministic())
 
 
 class ModeReader:
@@ -121,7 +130,7 @@ class ModeReader:
             modes = self._modes
         # (one C call when autocast is off everywhere, the usual case)
         return (_is_grad_enabled(), _interaction_type(), modes, _autocast() if _any_autocast() else None,
-                _is_inference())
+                _is_inference(), _default_dtype(), _deterministic())
 
     def mismatches(self, captured: tuple, now: tuple) -> list[Mismatch]:
         captured, now = Mode(*captured), Mode(*now)
@@ -135,6 +144,11 @@ class ModeReader:
         if captured.autocast != now.autocast:
             found.append(Mismatch("torch.autocast", "autocast", describe_autocast(captured.autocast),
                                   describe_autocast(now.autocast)))
+        if captured.dtype != now.dtype:
+            found.append(Mismatch("torch.get_default_dtype()", "default_dtype", str(captured.dtype), str(now.dtype)))
+        if captured.deterministic != now.deterministic:
+            found.append(Mismatch("torch.are_deterministic_algorithms_enabled()", "deterministic",
+                                  str(captured.deterministic), str(now.deterministic)))
         modes = {True: "train mode", False: "eval mode"}
         for label, before, after in zip(self.labels, captured.modules, now.modules):
             if before != after:

@@ -235,8 +235,11 @@ class Plan:
     """
 
     def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False,
-                 drops: list[tuple[Tensor, Tensor]] | None = None):
+                 drops: list[tuple[Tensor, Tensor]] | None = None, enables_grad: bool = False):
         self.graph = graph
+        # a train step that enables grad inside a call under torch.no_grad(): its outputs
+        # require grad also where the call's grad mode is off, as eagerly
+        self.enables_grad = enables_grad
         # outputs="safe": the graph's buffers are lent out, and never replayed over while
         # a caller holds them (see _lend); ``drops``: the .grad a train step drops at its start
         # (released before asking whether a caller holds a result, see _rebind)
@@ -277,7 +280,7 @@ class Plan:
             for members in self.shared:
                 _copy_shared(graph, members, out)
         if self.grad:
-            _attach_no_backward(out, self.grad)
+            _attach_no_backward(out, self.grad, self.enables_grad)
         return out
 
 
@@ -326,8 +329,11 @@ class _NoBackward(torch.autograd.Function):
 _ANCHORS: dict[torch.device, Tensor] = {}
 
 
-def _attach_no_backward(out: list[Tensor], index: list[int]) -> None:
+def _attach_no_backward(out: list[Tensor], index: list[int], enables_grad: bool = False) -> None:
     if not torch.is_grad_enabled():
+        if enables_grad:
+            with torch.enable_grad():
+                _attach_no_backward(out, index)
         return
     device = out[index[0]].device
     anchor = _ANCHORS.get(device)

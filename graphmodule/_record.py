@@ -143,6 +143,62 @@ def _layout(layout: tuple) -> str:
     return f"shape {shape}, stride {stride}" + (f", offset {offset}" if offset else "")
 
 
+def global_settings() -> dict[str, Any]:
+    """torch's global state a function may set and leave set, by the call that sets it."""
+    return {
+        "torch.set_grad_enabled": torch.is_grad_enabled(),
+        "torch.set_default_dtype": torch.get_default_dtype(),
+        "torch.use_deterministic_algorithms": f"{torch.are_deterministic_algorithms_enabled()}"
+        + (" (warn_only=True)" if torch.is_deterministic_algorithms_warn_only_enabled() else ""),
+    }
+
+
+def _same_settings(owner: str, before: dict[str, Any]) -> None:
+    """The capturing call left torch's global state as it found it: eagerly each call sets it
+    again, a replay (GPU work only) would not."""
+    after = global_settings()
+    changed = [f"{name}: {before[name]} before the call, {after[name]} after it"
+               for name in before if before[name] != after[name]]
+    if changed:
+        raise UnsupportedError(
+            owner,
+            "expected torch's global state as before the call after it, got " + "; ".join(changed)
+            + ": the function sets it and leaves it set, which each eager call does and a replay would not.",
+            "set it outside the wrapped function, or inside it in a with-block that restores it "
+            "(torch.no_grad(), torch.enable_grad()) or with a try/finally that sets it back.",
+        )
+
+
+def _outputs_as_eagerly(owner: str, builder: PlanBuilder, grad: bool, trains: Marks | None) -> bool:
+    """Whether the graph's outputs require grad where the call's grad mode is off (a train step
+    that enables grad inside a call under torch.no_grad(): its outputs require grad and refuse
+    backward, as eagerly after its backward); raises for what a replay cannot give them as the
+    capturing call did: the autograd history of a tensor made under torch.enable_grad() inside
+    a call under torch.no_grad() that is not a train step (a replay runs no autograd), an
+    inference tensor made under torch.inference_mode() entered inside the function (a replay's
+    outputs are its buffers, normal tensors, as are its views of them)."""
+    enables_grad = not grad and any(builder.graph_requires_grad)
+    if enables_grad and not (trains is not None and trains.trained()):
+        raise UnsupportedError(
+            owner,
+            "expected outputs that do not require grad from a call under torch.no_grad(), got outputs that "
+            "require grad (the function enables grad inside, torch.enable_grad()): a replay runs no autograd, "
+            "so its results would not track gradients as the eager call's do.",
+            "call the wrapper with grad enabled (its outputs then track gradients through the graph), or "
+            "leave torch.enable_grad() out of the wrapped function.",
+        )
+    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in builder.graph):
+        raise UnsupportedError(
+            owner,
+            "expected normal tensors as outputs of a call outside torch.inference_mode(), got inference tensors "
+            "(the function enters torch.inference_mode() inside): a replay's outputs are normal tensors, and "
+            "views of them keep their base, which the eager call's would not.",
+            "call the wrapper under torch.inference_mode() (its outputs are inference tensors then), or use "
+            "torch.no_grad() inside the function.",
+        )
+    return enables_grad
+
+
 def mode_reader(watch: Watch) -> ModeReader:
     return ModeReader([m for m, _ in watch.modules], [label for _, label in watch.modules])
 
@@ -184,6 +240,9 @@ def record(
     inputs = StaticInputs(layout, leaves)
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []
     marks = Marks(before.externals.values(), [inputs.leaves[i] for i in tracked]) if grad else None
+    # (grad disabled: to tell a train step that enables grad inside, see _outputs_as_eagerly)
+    # (none under inference mode, where nothing requires grad)
+    trains = marks or (None if torch.is_inference_mode_enabled() else Marks(before.externals.values(), []))
     materialized = Materialized(inputs, callers=objs)
     containers = ContainerSnapshot(materialized)
     python = PythonEffects(before.functions)
@@ -193,6 +252,7 @@ def record(
     body = lambda: module(*args, **kwargs)  # noqa: E731
     twin = CopyOut(like, materialized) if like is not None else None
     bindings = Bindings(before)  # .grad and attributes, to find what the function rebinds
+    settings = global_settings()  # torch's global state: a replay would not set it again
     hooks = HookEffects(before.modules, backward=grad)  # the modules' hooks, each run under effect discovery
     try:
         if twin is None:
@@ -205,6 +265,7 @@ def record(
     handle, out = captured.handle, captured.out
     try:
         hooks.refuse(owner)
+        _same_settings(owner, settings)
         hooks.excuse(python, bindings)
         _same_layouts(owner, inputs, layouts, texts)
         _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
@@ -229,11 +290,13 @@ def record(
         except Unsupported as exc:
             raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
                                    "TensorDicts, tensorclasses or plain objects holding them.") from None
+        enables_grad = _outputs_as_eagerly(owner, builder, grad, trains)
         layer = capture_layer(owner=owner, runner=runner, watch=before, inputs=inputs, tracked=tracked, marks=marks,
                               sources=builder.sources, requires_grad=builder.graph_requires_grad, texts=texts,
                               clone=clone, lend=lend)
         graph = builder.graph if twin is None else twin.outputs(builder.graph)
-        plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend, drops=rebinds.drops)
+        plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend, drops=rebinds.drops,
+                    enables_grad=enables_grad)
     except BaseException:
         runner.release(handle)
         raise

@@ -12,7 +12,8 @@ A call's tensors (:func:`tensors_of`) are where its tensors and TensorDicts sit 
 arguments and what they are (the captured signature's tensor facts and TensorDict
 structures); its *Python values* are everything else: non-tensor arguments, ``None`` where a
 value was (or the reverse), non-tensor entries of its TensorDicts. Its modes are grad mode,
-train/eval, interaction type, autocast and inference mode (``_mode``).
+train/eval, interaction type, autocast, inference mode, the default dtype and deterministic
+algorithms (``_mode``).
 
     >>> import torch
     >>> from graphmodule._record import read_call
