@@ -58,7 +58,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ._discover import _SCALARS, Discovery
+from ._discover import _SCALARS, Discovery, _Shallow
 from ._effects import AttrOp, GradOp
 from ._errors import UnsupportedError
 from ._gradwatch import Required
@@ -144,6 +144,7 @@ class Bindings:
         self._hooks += [opt.register_step_pre_hook(self._stepping) for opt in self.optimizers]
         self.dicts = found.dicts
         self.before = [dict(d) for d, _ in found.dicts]
+        self.held = [(value, label, _Shallow.of(value)) for value, label in found.held]
         # tensors held in those dicts, each replaced by a probe for the capture
         self.compiled = found.compiled
         self.probes: list[tuple[dict, Any, Tensor, Tensor]] = []  # (dict, key, tensor, probe)
@@ -193,6 +194,9 @@ class Bindings:
                     out.append(f"{where} was deleted")
                 elif isinstance(now, _SCALARS) and now is not None:
                     out.append(f"{where} was rebound ({_show(was)} → {now!r})")
+        for value, label, shallow in self.held:
+            if not shallow.same(_Shallow.of(value)):
+                out.append(f"{label} ({type(value).__name__}) was modified in place")
         return out
 
     def rebinds(self, owner: str, builder: Any) -> Rebinds:
