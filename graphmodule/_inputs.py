@@ -395,6 +395,8 @@ class Materialized:
                     self.mirrors.update(mirrors)
                 elif callers is not None and slot.position in callers:
                     self._mirror(td, callers[slot.position], slot.position, ())
+            if slot.locked:  # the stand-in locked as the caller's was
+                td.lock_()
             obj = slot.cls._from_tensordict(td, non_tensordict=dict(slot.tc_extra)) if slot.is_tc else td
             self.slot_objs[slot.position] = obj
         self.tree = unflatten(layout, inputs.leaves, self.slot_objs)
