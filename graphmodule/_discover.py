@@ -31,7 +31,7 @@ import functools
 import reprlib
 import types
 from collections import defaultdict
-from operator import getitem, is_
+from operator import attrgetter, getitem, is_
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -98,6 +98,61 @@ class _Scalars:
     def __repr__(self) -> str:
         return _show_scalars(self.keys is None and len(self.scalar_keys) == len(self.values), self.scalar_keys,
                              self.scalar_values)
+
+
+_requires_grad = attrgetter("requires_grad")
+
+
+class _Structure:
+    """What an optimizer's step reads besides values, watched as one place: the number of its
+    param groups and of each group's parameters, which parameters have state, and which
+    require grad (a frozen one gets no gradient eagerly, and its step skips it).
+    ``self[None]`` is ``self`` while all is as at capture, else a :class:`_Shown`."""
+
+    __slots__ = ("opt", "params", "counts", "state", "grads")
+
+    def __init__(self, opt: torch.optim.Optimizer):
+        self.opt = opt
+        self.params = [p for group in opt.param_groups for p in group["params"]]
+        self.counts = [len(group["params"]) for group in opt.param_groups]
+        self.state = len(opt.state)
+        self.grads = list(map(_requires_grad, self.params))
+
+    def __getitem__(self, _: Any) -> Any:
+        opt = self.opt
+        groups = opt.param_groups
+        if (len(opt.state) == self.state and len(groups) == len(self.counts)
+                and all(len(group["params"]) == n for group, n in zip(groups, self.counts))
+                and list(map(_requires_grad, self.params)) == self.grads):
+            return self
+        return _Shown(_show_structure(opt))
+
+    def __repr__(self) -> str:
+        return _show_structure(self.opt, self.counts, self.state, self.params, self.grads)
+
+
+def _show_structure(opt: Any, counts: list | None = None, state: int | None = None, params: list | None = None,
+                    grads: list | None = None) -> str:
+    if counts is None:
+        counts = [len(group["params"]) for group in opt.param_groups]
+        state = len(opt.state)
+        params = [p for group in opt.param_groups for p in group["params"]]
+        grads = list(map(_requires_grad, params))
+    frozen = sum(not g for g in grads)
+    return (f"{len(counts)} param groups of {counts} parameters, {state} with state, "
+            f"{frozen} not requiring grad")
+
+
+class _Shown:
+    """A watched place's content now, as text for the message."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 class _Now:
@@ -362,6 +417,9 @@ class Discovery:
         for lst, item in zip(self._o, (attrs, "param_groups", opt.param_groups, f"{label}.param_groups")):
             lst.append(item)
         for lst, item in zip(self._o, (attrs, "state", opt.state, f"{label}.state")):
+            lst.append(item)
+        place = _Structure(opt)  # groups, their parameters, which have state and require grad
+        for lst, item in zip(self._v, (place, None, place, f"{label}'s structure")):
             lst.append(item)
         for g, group in enumerate(opt.param_groups):
             for lst, item in zip(self._o, (opt.param_groups, g, group, f"{label}.param_groups[{g}]")):
