@@ -31,6 +31,7 @@ import functools
 import reprlib
 import types
 from collections import defaultdict
+from itertools import repeat
 from operator import attrgetter, getitem, is_
 from typing import Any, Callable, NamedTuple
 
@@ -121,8 +122,8 @@ class _Structure:
     def __getitem__(self, _: Any) -> Any:
         opt = self.opt
         groups = opt.param_groups
-        if (len(opt.state) == self.state and len(groups) == len(self.counts)
-                and all(len(group["params"]) == n for group, n in zip(groups, self.counts))
+        if (len(opt.state) == self.state and len(groups) == len(self.counts)  # (C-level passes)
+                and list(map(len, map(getitem, groups, repeat("params")))) == self.counts
                 and list(map(_requires_grad, self.params)) == self.grads):
             return self
         return _Shown(_show_structure(opt))
