@@ -233,7 +233,8 @@ class Discovery:
         self._skip = skip
         self._backward_hooks = backward_hooks  # walk the modules' backward hooks too
         self.dicts: list[tuple[dict, str]] = []
-        self.held: list[tuple[Any, str]] = []  # lists, sets, dict subclasses held as attributes
+        # (dict, key, value, label) of the lists, sets and dict subclasses held as attributes
+        self.held: list[tuple[dict, str, Any, str]] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.optimizer_places: list[str] = []
         self.compiled = False
@@ -318,16 +319,16 @@ class Discovery:
                 if not name.startswith("__") and isinstance(value, _WORTH):
                     self._bind(attrs, name, value, f"{label}.{name}", depth, scalars=False)
                 if not name.startswith("__"):
-                    self._held(value, f"{label}.{name}")
+                    self._held(attrs, name, value, f"{label}.{name}")
 
-    def _held(self, value: Any, label: str) -> None:
+    def _held(self, attrs: dict, name: str, value: Any, label: str) -> None:
         """A list, dict or set held as an attribute (``self.metrics``, ``self.history``): a
         plain dict's entries are attributes a function may rebind (``_rebind``: bound after
         each replay); the others are snapshot around the capture, and changed in place refused."""
         if type(value) is dict:
             self.dicts.append((value, label))
         elif isinstance(value, (list, set, dict)):
-            self.held.append((value, label))
+            self.held.append((attrs, name, value, label))
 
     def _function(self, fn: types.FunctionType, depth: int) -> None:
         compiled = getattr(fn, "_torchdynamo_orig_callable", None)
@@ -382,7 +383,7 @@ class Discovery:
                 elif callable(value) or isinstance(value, (torch.optim.Optimizer, TensorDictBase)):
                     self._bind(attrs, name, value, f"{where}.{name}", depth)
                 else:
-                    self._held(value, f"{where}.{name}")
+                    self._held(attrs, name, value, f"{where}.{name}")
             self._seen.add(id(m))
             self._hooks(m, where, depth)
 

@@ -144,7 +144,7 @@ class Bindings:
         self._hooks += [opt.register_step_pre_hook(self._stepping) for opt in self.optimizers]
         self.dicts = found.dicts
         self.before = [dict(d) for d, _ in found.dicts]
-        self.held = [(value, label, _Shallow.of(value)) for value, label in found.held]
+        self.held = [(id(d), key, value, label, _Shallow.of(value)) for d, key, value, label in found.held]
         # tensors held in those dicts, each replaced by a probe for the capture
         self.compiled = found.compiled
         self.probes: list[tuple[dict, Any, Tensor, Tensor]] = []  # (dict, key, tensor, probe)
@@ -194,10 +194,16 @@ class Bindings:
                     out.append(f"{where} was deleted")
                 elif isinstance(now, _SCALARS) and now is not None:
                     out.append(f"{where} was rebound ({_show(was)} → {now!r})")
-        for value, label, shallow in self.held:
+        for _, _, value, label, shallow in self.held:
             if not shallow.same(_Shallow.of(value)):
                 out.append(f"{label} ({type(value).__name__}) was modified in place")
         return out
+
+    def excuse(self, places: set[tuple[int, Any]]) -> None:
+        """Take the containers held at ``places`` (``(id(dict), key)``) as they are now: what
+        a hook marked with ``allow_hook`` changed there is not the function's change."""
+        self.held = [(d, key, value, label, _Shallow.of(value) if (d, key) in places else shallow)
+                     for d, key, value, label, shallow in self.held]
 
     def rebinds(self, owner: str, builder: Any) -> Rebinds:
         """What the capture rebound, planned with the outputs' ``builder``; raises
