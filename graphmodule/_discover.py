@@ -156,6 +156,21 @@ class _Shown:
         return self.text
 
 
+def containers_in(value: Any, label: str, depth: int = 3) -> list[tuple[Any, Any, Any, str]]:
+    """``(container, key, child, place)`` of the lists, dicts and sets held inside ``value`` (a
+    list or dict), ``depth`` levels down: ``self.logs["train"]``, changed in place where the
+    outer one is not."""
+    out: list[tuple[Any, Any, Any, str]] = []
+    if depth == 0 or not isinstance(value, (list, dict)):
+        return out
+    for key, child in (value.items() if isinstance(value, dict) else enumerate(value)):
+        if isinstance(child, (list, dict, set)):
+            where = f"{label}[{key!r}]"
+            out.append((value, key, child, where))
+            out += containers_in(child, where, depth - 1)
+    return out
+
+
 class _Now:
     """What a watched container holds now, for the message (see :class:`_Scalars`)."""
 
@@ -329,6 +344,9 @@ class Discovery:
             self.dicts.append((value, label))
         elif isinstance(value, (list, set, dict)):
             self.held.append((attrs, name, value, label))
+        else:
+            return
+        self.held += containers_in(value, label)
 
     def _function(self, fn: types.FunctionType, depth: int) -> None:
         compiled = getattr(fn, "_torchdynamo_orig_callable", None)
@@ -553,6 +571,11 @@ class PythonEffects:
         self.places = places if places is not None else _python_places(list(functions))
         self.before = [_Before(c, k, label, value, _Shallow.of(value))
                        for c, k, label in self.places for value in (_read(c, k),)]
+        # the containers inside those (``state["metrics"]``): changed in place, the outer one is not
+        self.before += [_Before(parent, key, label, child, _Shallow.of(child))
+                        for b in list(self.before) if b.shallow is not None
+                        for parent, key, child, where in containers_in(b.value, "")
+                        for label in (f"{b.label}, entry {where}",)]
 
     def again(self) -> PythonEffects:
         """A new snapshot of the same places."""

@@ -192,3 +192,41 @@ def test_an_optimizer_changed_in_structure_is_captured_again(change, graph_backe
         runs.append((losses, lin.weight.detach().clone(), lin.bias.detach().clone(), extra.detach().clone()))
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b)
+
+
+# -- containers one level deeper: refused, naming them ---------------------------------------
+_STATE = {"metrics": {}, "log": []}
+
+
+def _writes_metrics(x):
+    y = x * 2
+    _STATE["metrics"]["loss"] = y
+    return y
+
+
+def _appends_log(x):
+    y = x * 2
+    _STATE["log"].append(y)
+    return y
+
+
+class _Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.logs = {"train": []}
+
+    def forward(self, x):
+        self.logs["train"].append(x.sum())
+        return x * 2
+
+
+@pytest.mark.parametrize("fn, where", [
+    (_writes_metrics, r"global '_STATE' of _writes_metrics, entry \['metrics'\] \(dict\)"),
+    (_appends_log, r"global '_STATE' of _appends_log, entry \['log'\] \(list\)"),
+    (_Nested(), r"module\.logs\['train'\] \(list\)"),
+])
+def test_a_container_inside_one_changed_in_place_is_refused_naming_it(fn, where, graph_backend, ones):
+    g = CudaGraphModule(fn, warmup=1, backend=graph_backend)
+    g(ones)
+    with pytest.raises(UnsupportedError, match=where + " was modified in place"):
+        g(ones)
