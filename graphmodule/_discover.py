@@ -250,6 +250,7 @@ class Discovery:
         self.dicts: list[tuple[dict, str]] = []
         # (dict, key, value, label) of the lists, sets and dict subclasses held as attributes
         self.held: list[tuple[dict, str, Any, str]] = []
+        self.entry_dicts: set[int] = set()  # those of self.dicts that are dicts held as attributes
         self.optimizers: list[torch.optim.Optimizer] = []
         self.optimizer_places: list[str] = []
         self.compiled = False
@@ -342,6 +343,7 @@ class Discovery:
         each replay); the others are snapshot around the capture, and changed in place refused."""
         if type(value) is dict:
             self.dicts.append((value, label))
+            self.entry_dicts.add(id(value))
         elif isinstance(value, (list, set, dict)):
             self.held.append((attrs, name, value, label))
         else:

@@ -143,6 +143,7 @@ class Bindings:
         self.read_by_step: set[int] = set()
         self._hooks += [opt.register_step_pre_hook(self._stepping) for opt in self.optimizers]
         self.dicts = found.dicts
+        self.entry_dicts = found.entry_dicts
         self.before = [dict(d) for d, _ in found.dicts]
         self.held = [(id(d), key, value, label, _Shallow.of(value)) for d, key, value, label in found.held]
         # tensors held in those dicts, each replaced by a probe for the capture
@@ -189,7 +190,7 @@ class Bindings:
         out = []
         for (d, label), before in zip(self.dicts, self.before):
             for key, was, now in _changed(before, d):
-                where = f"{label}.{key}"
+                where = self._where(d, label, key)
                 if now is _ABSENT:
                     out.append(f"{where} was deleted")
                 elif isinstance(now, _SCALARS) and now is not None:
@@ -198,6 +199,11 @@ class Bindings:
             if not shallow.same(_Shallow.of(value)):
                 out.append(f"{label} ({type(value).__name__}) was modified in place")
         return out
+
+    def _where(self, d: dict, label: str, key: Any) -> str:
+        """``self.metrics['loss']`` for an entry of a dict held as an attribute, else
+        ``self.weight``."""
+        return f"{label}[{key!r}]" if id(d) in self.entry_dicts else f"{label}.{key}"
 
     def excuse(self, places: set[tuple[int, Any]]) -> None:
         """Take the containers held at ``places`` (``(id(dict), key)``) as they are now: what
@@ -216,7 +222,7 @@ class Bindings:
         places = []
         for (d, label), before in zip(self.dicts, self.before):
             for key, was, now in _changed(before, d):
-                where = f"{label}.{key}"
+                where = self._where(d, label, key)
                 if isinstance(was, Tensor):
                     self._check_read(owner, where, d, key, was)
                 out.ops.append(AttrOp(Outside(d), key, builder.plan(now), where))
@@ -224,7 +230,7 @@ class Bindings:
         # a probe met in the outputs or the effects: the function handed the old tensor on
         for d, key, t, probe in self.probes:
             if id(probe) in builder.met and (id(d), key) in places:
-                raise UnsupportedError(owner, _read_what(f"{_label(self.dicts, d)}.{key}"), _READ_ADVICE)
+                raise UnsupportedError(owner, _read_what(self._where(d, _label(self.dicts, d), key)), _READ_ADVICE)
         out.places = frozenset(places)
         return out
 

@@ -230,3 +230,16 @@ def test_a_container_inside_one_changed_in_place_is_refused_naming_it(fn, where,
     g(ones)
     with pytest.raises(UnsupportedError, match=where + " was modified in place"):
         g(ones)
+
+
+def test_a_python_value_written_into_a_dict_attribute_is_refused_naming_it(graph_backend, ones):
+    holder = _Holder()
+
+    def counted(x):
+        holder.metrics["calls"] = holder.metrics.get("calls", 0) + 1
+        return x * 2
+
+    g = CudaGraphModule(counted, warmup=1, backend=graph_backend)
+    g(ones)
+    with pytest.raises(UnsupportedError, match=r"closure variable 'holder' of .*counted\.metrics\['calls'\] was rebound \(1 → 2\)"):
+        g(ones)
