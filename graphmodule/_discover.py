@@ -31,7 +31,8 @@ import functools
 import reprlib
 import types
 from collections import defaultdict
-from operator import getitem, is_
+from itertools import repeat
+from operator import attrgetter, getitem, is_
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -98,6 +99,76 @@ class _Scalars:
     def __repr__(self) -> str:
         return _show_scalars(self.keys is None and len(self.scalar_keys) == len(self.values), self.scalar_keys,
                              self.scalar_values)
+
+
+_requires_grad = attrgetter("requires_grad")
+
+
+class _Structure:
+    """What an optimizer's step reads besides values, watched as one place: the number of its
+    param groups and of each group's parameters, which parameters have state, and which
+    require grad (a frozen one gets no gradient eagerly, and its step skips it).
+    ``self[None]`` is ``self`` while all is as at capture, else a :class:`_Shown`."""
+
+    __slots__ = ("opt", "params", "counts", "state", "grads")
+
+    def __init__(self, opt: torch.optim.Optimizer):
+        self.opt = opt
+        self.params = [p for group in opt.param_groups for p in group["params"]]
+        self.counts = [len(group["params"]) for group in opt.param_groups]
+        self.state = len(opt.state)
+        self.grads = list(map(_requires_grad, self.params))
+
+    def __getitem__(self, _: Any) -> Any:
+        opt = self.opt
+        groups = opt.param_groups
+        if (len(opt.state) == self.state and len(groups) == len(self.counts)  # (C-level passes)
+                and list(map(len, map(getitem, groups, repeat("params")))) == self.counts
+                and list(map(_requires_grad, self.params)) == self.grads):
+            return self
+        return _Shown(_show_structure(opt))
+
+    def __repr__(self) -> str:
+        return _show_structure(self.opt, self.counts, self.state, self.params, self.grads)
+
+
+def _show_structure(opt: Any, counts: list | None = None, state: int | None = None, params: list | None = None,
+                    grads: list | None = None) -> str:
+    if counts is None:
+        counts = [len(group["params"]) for group in opt.param_groups]
+        state = len(opt.state)
+        params = [p for group in opt.param_groups for p in group["params"]]
+        grads = list(map(_requires_grad, params))
+    frozen = sum(not g for g in grads)
+    return (f"{len(counts)} param groups of {counts} parameters, {state} with state, "
+            f"{frozen} not requiring grad")
+
+
+class _Shown:
+    """A watched place's content now, as text for the message."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def containers_in(value: Any, label: str, depth: int = 3) -> list[tuple[Any, Any, Any, str]]:
+    """``(container, key, child, place)`` of the lists, dicts and sets held inside ``value`` (a
+    list or dict), ``depth`` levels down: ``self.logs["train"]``, changed in place where the
+    outer one is not."""
+    out: list[tuple[Any, Any, Any, str]] = []
+    if depth == 0 or not isinstance(value, (list, dict)):
+        return out
+    for key, child in (value.items() if isinstance(value, dict) else enumerate(value)):
+        if isinstance(child, (list, dict, set)):
+            where = f"{label}[{key!r}]"
+            out.append((value, key, child, where))
+            out += containers_in(child, where, depth - 1)
+    return out
 
 
 class _Now:
@@ -177,6 +248,9 @@ class Discovery:
         self._skip = skip
         self._backward_hooks = backward_hooks  # walk the modules' backward hooks too
         self.dicts: list[tuple[dict, str]] = []
+        # (dict, key, value, label) of the lists, sets and dict subclasses held as attributes
+        self.held: list[tuple[dict, str, Any, str]] = []
+        self.entry_dicts: set[int] = set()  # those of self.dicts that are dicts held as attributes
         self.optimizers: list[torch.optim.Optimizer] = []
         self.optimizer_places: list[str] = []
         self.compiled = False
@@ -260,6 +334,21 @@ class Discovery:
             for name, value in list(attrs.items()):
                 if not name.startswith("__") and isinstance(value, _WORTH):
                     self._bind(attrs, name, value, f"{label}.{name}", depth, scalars=False)
+                if not name.startswith("__"):
+                    self._held(attrs, name, value, f"{label}.{name}")
+
+    def _held(self, attrs: dict, name: str, value: Any, label: str) -> None:
+        """A list, dict or set held as an attribute (``self.metrics``, ``self.history``): a
+        plain dict's entries are attributes a function may rebind (``_rebind``: bound after
+        each replay); the others are snapshot around the capture, and changed in place refused."""
+        if type(value) is dict:
+            self.dicts.append((value, label))
+            self.entry_dicts.add(id(value))
+        elif isinstance(value, (list, set, dict)):
+            self.held.append((attrs, name, value, label))
+        else:
+            return
+        self.held += containers_in(value, label)
 
     def _function(self, fn: types.FunctionType, depth: int) -> None:
         compiled = getattr(fn, "_torchdynamo_orig_callable", None)
@@ -313,6 +402,8 @@ class Discovery:
                     self._bind(attrs, name, value, f"{where}.{name}", depth)
                 elif callable(value) or isinstance(value, (torch.optim.Optimizer, TensorDictBase)):
                     self._bind(attrs, name, value, f"{where}.{name}", depth)
+                else:
+                    self._held(attrs, name, value, f"{where}.{name}")
             self._seen.add(id(m))
             self._hooks(m, where, depth)
 
@@ -348,6 +439,9 @@ class Discovery:
         for lst, item in zip(self._o, (attrs, "param_groups", opt.param_groups, f"{label}.param_groups")):
             lst.append(item)
         for lst, item in zip(self._o, (attrs, "state", opt.state, f"{label}.state")):
+            lst.append(item)
+        place = _Structure(opt)  # groups, their parameters, which have state and require grad
+        for lst, item in zip(self._v, (place, None, place, f"{label}'s structure")):
             lst.append(item)
         for g, group in enumerate(opt.param_groups):
             for lst, item in zip(self._o, (opt.param_groups, g, group, f"{label}.param_groups[{g}]")):
@@ -479,6 +573,11 @@ class PythonEffects:
         self.places = places if places is not None else _python_places(list(functions))
         self.before = [_Before(c, k, label, value, _Shallow.of(value))
                        for c, k, label in self.places for value in (_read(c, k),)]
+        # the containers inside those (``state["metrics"]``): changed in place, the outer one is not
+        self.before += [_Before(parent, key, label, child, _Shallow.of(child))
+                        for b in list(self.before) if b.shallow is not None
+                        for parent, key, child, where in containers_in(b.value, "")
+                        for label in (f"{b.label}, entry {where}",)]
 
     def again(self) -> PythonEffects:
         """A new snapshot of the same places."""

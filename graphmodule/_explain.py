@@ -153,6 +153,9 @@ def _slot_values(slot: Slot, obj: Any, text: str) -> tuple[list, list[Mismatch]]
         compat = (f"CudaGraphModule was captured with batch_size={slot.batch_size} but got "
                   f"batch_size={td.batch_size}. CUDA graphs replay fixed shapes.")
         found.append(Mismatch(text, "batch_size", str(tuple(slot.batch_size)), str(tuple(td.batch_size)), compat))
+    if isinstance(td, TensorDictBase) and td.is_locked != slot.locked:
+        found.append(Mismatch(text, "value", "a locked TensorDict" if slot.locked else "an unlocked TensorDict",
+                              "a locked one" if td.is_locked else "an unlocked one"))
     out: list = []
     _node_values(slot.root, td, text, (), found, out)
     return out, found

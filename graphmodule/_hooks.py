@@ -417,6 +417,7 @@ class HookEffects:
         if not places:
             return
         python.excuse(places)
+        bindings.excuse(places)
         for (d, _), before in zip(bindings.dicts, bindings.before):
             for key in list(set(before) | set(d)):
                 if (id(d), key) in places:

@@ -386,6 +386,8 @@ class Materialized:
             td = build_td(slot.root, values)
             if slot.position in self.by_key and not slot.is_tc and callers is not None and slot.position in callers:
                 self._mirror(td, callers[slot.position], slot.position, ())
+            if slot.locked:  # the stand-in locked as the caller's was
+                td.lock_()
             obj = slot.cls._from_tensordict(td, non_tensordict=dict(slot.tc_extra)) if slot.is_tc else td
             self.slot_objs[slot.position] = obj
         self.tree = unflatten(layout, inputs.leaves, self.slot_objs)

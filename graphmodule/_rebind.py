@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ._discover import _SCALARS, Discovery
+from ._discover import _SCALARS, Discovery, _Shallow
 from ._effects import AttrOp, GradOp
 from ._errors import UnsupportedError
 from ._gradwatch import Required
@@ -140,7 +140,9 @@ class Bindings:
         self.read_by_step: set[int] = set()
         self._hooks += [opt.register_step_pre_hook(self._stepping) for opt in self.optimizers]
         self.dicts = found.dicts
+        self.entry_dicts = found.entry_dicts
         self.before = [dict(d) for d, _ in found.dicts]
+        self.held = [(id(d), key, value, label, _Shallow.of(value)) for d, key, value, label in found.held]
         # tensors held in those dicts, each replaced by a probe for the capture
         self.compiled = found.compiled
         self.probes: list[tuple[dict, Any, Tensor, Tensor]] = []  # (dict, key, tensor, probe)
@@ -185,12 +187,26 @@ class Bindings:
         out = []
         for (d, label), before in zip(self.dicts, self.before):
             for key, was, now in _changed(before, d):
-                where = f"{label}.{key}"
+                where = self._where(d, label, key)
                 if now is _ABSENT:
                     out.append(f"{where} was deleted")
                 elif isinstance(now, _SCALARS) and now is not None:
                     out.append(f"{where} was rebound ({_show(was)} → {now!r})")
+        for _, _, value, label, shallow in self.held:
+            if not shallow.same(_Shallow.of(value)):
+                out.append(f"{label} ({type(value).__name__}) was modified in place")
         return out
+
+    def _where(self, d: dict, label: str, key: Any) -> str:
+        """``self.metrics['loss']`` for an entry of a dict held as an attribute, else
+        ``self.weight``."""
+        return f"{label}[{key!r}]" if id(d) in self.entry_dicts else f"{label}.{key}"
+
+    def excuse(self, places: set[tuple[int, Any]]) -> None:
+        """Take the containers held at ``places`` (``(id(dict), key)``) as they are now: what
+        a hook marked with ``allow_hook`` changed there is not the function's change."""
+        self.held = [(d, key, value, label, _Shallow.of(value) if (d, key) in places else shallow)
+                     for d, key, value, label, shallow in self.held]
 
     def rebinds(self, owner: str, builder: Any) -> Rebinds:
         """What the capture rebound, planned with the outputs' ``builder``; raises
@@ -203,7 +219,7 @@ class Bindings:
         places = []
         for (d, label), before in zip(self.dicts, self.before):
             for key, was, now in _changed(before, d):
-                where = f"{label}.{key}"
+                where = self._where(d, label, key)
                 if isinstance(was, Tensor):
                     self._check_read(owner, where, d, key, was)
                 out.ops.append(AttrOp(Outside(d), key, builder.plan(now), where))
@@ -211,7 +227,7 @@ class Bindings:
         # a probe met in the outputs or the effects: the function handed the old tensor on
         for d, key, t, probe in self.probes:
             if id(probe) in builder.met and (id(d), key) in places:
-                raise UnsupportedError(owner, _read_what(f"{_label(self.dicts, d)}.{key}"), _READ_ADVICE)
+                raise UnsupportedError(owner, _read_what(self._where(d, _label(self.dicts, d), key)), _READ_ADVICE)
         out.places = frozenset(places)
         return out
 

@@ -233,6 +233,8 @@ class Slot:
         self.keys = tuple(self.root.leaf_keys())
         self.has_non_tensor = any(not isinstance(v, torch.Tensor) for v in leaves)
         self.batch_size = td.batch_size
+        # a function may branch on it (``td.is_locked``) or write: a locked one raises eagerly
+        self.locked = td.is_locked
         fast = self.root.dense and not self.has_non_tensor and not self.is_tc
         self.read: Callable[[Any], list | None] = self._read_fast if fast else self._read_general
 
@@ -240,7 +242,7 @@ class Slot:
     def _read_fast(self, td: Any) -> list | None:
         if type(td) is not TensorDict:
             return None if self.exact else self._read_general(td)
-        if td.batch_size != self.batch_size:
+        if td.batch_size != self.batch_size or td._is_locked != self.locked:
             return None
         out: list = []
         try:
@@ -256,7 +258,7 @@ class Slot:
             if dict(obj._non_tensordict) != self.tc_extra:
                 return None
             obj = obj._tensordict
-        if obj.batch_size != self.batch_size:
+        if obj.batch_size != self.batch_size or obj.is_locked != self.locked:
             return None
         out: list = []
         try:
