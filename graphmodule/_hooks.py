@@ -345,7 +345,8 @@ class HookEffects:
     """
 
     def __init__(self, modules: list[tuple[nn.Module, str]], backward: bool):
-        from ._discover import Discovery, PythonEffects
+        from ._discover import Discovery
+        from ._pyeffects import PythonEffects
 
         self.found: list[Found] = []
         self._same: set[tuple[int, Any]] = set()  # attributes a hook set to the value they held
@@ -432,7 +433,7 @@ class _DictsState:
     hook's call; :meth:`changed`: what the call changed that a replay would skip."""
 
     def __init__(self, dicts: list[tuple[dict, str]]):
-        from ._discover import _Shallow
+        from ._pyeffects import _Shallow
 
         self.same: list[tuple[int, Any]] = []  # places rebound to an equal Python value
         unique = list({id(d): (d, label) for d, label in dicts}.values())
@@ -440,7 +441,8 @@ class _DictsState:
                       for d, label in unique]
 
     def changed(self) -> list:
-        from ._discover import _EMPTY, _SCALARS, Change, _put, _same_shallow, _Shallow, _show, refill
+        from ._discover import _EMPTY, _SCALARS
+        from ._pyeffects import Change, _put, _same_shallow, _Shallow, _show, refill
         from ._spec import same_constant
 
         out = []

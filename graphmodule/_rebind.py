@@ -55,7 +55,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ._discover import _SCALARS, Discovery, _Shallow
+from ._discover import _SCALARS, Discovery
+from ._pyeffects import _Shallow
 from ._effects import AttrOp, GradOp
 from ._errors import UnsupportedError
 from ._gradwatch import Required

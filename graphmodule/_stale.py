@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from . import _dictwatch
-from ._discover import MAX_DEPTH, Discovery, PythonEffects, _Cell
+from ._discover import MAX_DEPTH, Discovery, _Cell
+from ._pyeffects import PythonEffects
 from ._hooks import HookWatch, describe_hook
 from ._spec import same_constant
 
