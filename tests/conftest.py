@@ -58,3 +58,22 @@ def ones(graph_backend):
     """``torch.ones(2, 3)`` on the device a ``graph_backend`` test runs on (CUDA under "cuda"):
     a tensor made at import is on the CPU, whatever the backend."""
     return torch.ones(2, 3)
+
+
+@pytest.fixture
+def slow_calls(monkeypatch):
+    """``slow_calls(g)``: a list that grows by one at each call of ``g`` that leaves the hot path
+    (a warmup call, a capture, a graph switch, a mismatch to explain)."""
+
+    def count(g):
+        calls = []
+        slow = g._slow
+
+        def counted(args, kwargs):
+            calls.append(1)
+            return slow(args, kwargs)
+
+        monkeypatch.setattr(g, "_slow", counted)
+        return calls
+
+    return count

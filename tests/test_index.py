@@ -20,18 +20,6 @@ from graphmodule import CudaGraphModule, InputMismatchError, StaleGraphError
 from graphmodule._index import CallIndex, call_key
 
 
-def _count_slow(monkeypatch, g):
-    calls = []
-    slow = g._slow
-
-    def counted(args, kwargs):
-        calls.append(1)
-        return slow(args, kwargs)
-
-    monkeypatch.setattr(g, "_slow", counted)
-    return calls
-
-
 class TestCallIndex:
     def test_the_key_is_the_modes_each_arguments_shape_and_a_scalars_value(self):
         x, other = torch.zeros(2, 3), torch.zeros(4)
@@ -94,7 +82,7 @@ def _policy():
     return net
 
 
-def test_signatures_in_turn_replay_without_the_slow_path(make, monkeypatch, graph_backend):
+def test_signatures_in_turn_replay_without_the_slow_path(make, slow_calls, graph_backend):
     net = _policy()
     g = make(net, warmup=1, max_graphs=4, backend=graph_backend)
     xs = [torch.randn(b, 3) for b in (1, 2, 4, 8)]
@@ -102,7 +90,7 @@ def test_signatures_in_turn_replay_without_the_slow_path(make, monkeypatch, grap
         for x in xs:
             g(x)
     captures = g.stats.captures
-    slow = _count_slow(monkeypatch, g)
+    slow = slow_calls(g)
     replays = g.stats.replays
     for _ in range(3):
         for x in xs:
@@ -111,19 +99,19 @@ def test_signatures_in_turn_replay_without_the_slow_path(make, monkeypatch, grap
     assert len(slow) <= len(xs)  # at most the first call of a signature tries every graph
 
 
-def test_layouts_of_one_signature_replay_on_the_hot_path(make, monkeypatch, graph_backend):
+def test_layouts_of_one_signature_replay_on_the_hot_path(make, slow_calls, graph_backend):
     # strides are no part of the signature: no layout takes the slow path, even the first time
     g = make(lambda x: x * 2, warmup=1, backend=graph_backend)
     m = torch.arange(12.0).reshape(3, 4)
     g(m)
     g(m)
-    slow = _count_slow(monkeypatch, g)
+    slow = slow_calls(g)
     for x in (m.t().contiguous().t(), torch.arange(4.0).expand(3, 4), torch.arange(24.0).reshape(3, 8)[:, ::2], m):
         torch.testing.assert_close(g(x), x * 2)
     assert len(slow) == 0
 
 
-def test_layouts_in_turn_replay_without_the_slow_path(make, monkeypatch, graph_backend):
+def test_layouts_in_turn_replay_without_the_slow_path(make, slow_calls, graph_backend):
     # two shapes, each row-major and transposed: a graph per shape serves both layouts, and a
     # call of either layout finds its shape's graph by the call key (shapes only)
     g = make(lambda x: x * 2, warmup=1, max_graphs=2, backend=graph_backend)
@@ -132,14 +120,14 @@ def test_layouts_in_turn_replay_without_the_slow_path(make, monkeypatch, graph_b
     for _ in range(4):  # warm up, capture, the lending capture of the second shape's graph
         for x in xs:
             g(x)
-    slow = _count_slow(monkeypatch, g)
+    slow = slow_calls(g)
     for _ in range(3):
         for x in xs:
             torch.testing.assert_close(g(x), x * 2)
     assert len(slow) == 0 and g.stats.graphs == 2
 
 
-def test_train_and_eval_alternating_replay_without_the_slow_path(make, monkeypatch, graph_backend):
+def test_train_and_eval_alternating_replay_without_the_slow_path(make, slow_calls, graph_backend):
     net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
     for p in net.parameters():
         p.requires_grad_(False)
@@ -149,7 +137,7 @@ def test_train_and_eval_alternating_replay_without_the_slow_path(make, monkeypat
         for training in (True, False):
             net.train(training)
             g(x)
-    slow = _count_slow(monkeypatch, g)
+    slow = slow_calls(g)
     for _ in range(3):
         net.eval()
         torch.testing.assert_close(g(x), net(x) * 3.0)

@@ -274,6 +274,25 @@ def _same_grads(got, want, where):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"{where}: {name}.grad")
 
 
+def _accumulating(net):
+    """A call that only runs backward: its gradients add up across calls."""
+    def accumulate(x, y):
+        loss = (net(x) - y).pow(2).mean()
+        loss.backward()
+        return loss.detach()
+
+    return accumulate
+
+
+def _stepping(opt):
+    """The optimizer's step and zero_grad, apart from the accumulating call."""
+    def apply():
+        opt.step()
+        opt.zero_grad()
+
+    return apply
+
+
 class TestGradientAccumulation:
     """``zero_grad()`` (``set_to_none=True``) every second call: the first call of a cycle finds
     ``.grad`` None (its backward binds a new gradient), the second a tensor (it adds into it).
@@ -307,24 +326,11 @@ class TestGradientAccumulation:
         # accumulate(x, y) only runs backward; the optimizer steps and drops the gradients outside it
         (net, opt), (twin, opt_e) = _models()
 
-        def accumulate(net):
-            def accumulate(x, y):
-                loss = (net(x) - y).pow(2).mean()
-                loss.backward()
-                return loss.detach()
-
-            return accumulate
-
-        def step(opt):
-            def apply():
-                opt.step()
-                opt.zero_grad()
-
-            return apply
-
-        g = CudaGraphModule(accumulate(net), warmup=2, backend=graph_backend, max_graphs=2)
-        g_apply = CudaGraphModule(step(opt), warmup=2, backend=graph_backend) if apply == "wrapped" else step(opt)
-        eager, eager_apply = accumulate(twin), step(opt_e)
+        g = CudaGraphModule(_accumulating(net), warmup=2, backend=graph_backend, max_graphs=2)
+        g_apply = _stepping(opt)
+        if apply == "wrapped":
+            g_apply = CudaGraphModule(g_apply, warmup=2, backend=graph_backend)
+        eager, eager_apply = _accumulating(twin), _stepping(opt_e)
         for i in range(6 * cycle):
             torch.testing.assert_close(g(*_batch(i)), eager(*_batch(i)), rtol=1e-4, atol=1e-5)
             _same_grads(net.named_parameters(), twin.named_parameters(), f"call {i}")
@@ -349,24 +355,9 @@ class TestGradientAccumulation:
         cuda = graph_backend == "cuda"  # (capturable on CUDA: else the wrapper switches it, with a warning)
         opt, opt_e = (torch.optim.Adam(m.parameters(), lr=1e-2, fused=True, capturable=cuda) for m in (net, twin))
 
-        def accumulate(net):
-            def accumulate(x, y):
-                loss = (net(x) - y).pow(2).mean()
-                loss.backward()
-                return loss.detach()
-
-            return accumulate
-
-        def step(opt):
-            def apply():
-                opt.step()
-                opt.zero_grad()
-
-            return apply
-
-        g, g_apply = CudaGraphModule(accumulate(net), warmup=2, backend=graph_backend), \
-            CudaGraphModule(step(opt), warmup=2, backend=graph_backend)
-        eager, eager_apply = accumulate(twin), step(opt_e)
+        g, g_apply = CudaGraphModule(_accumulating(net), warmup=2, backend=graph_backend), \
+            CudaGraphModule(_stepping(opt), warmup=2, backend=graph_backend)
+        eager, eager_apply = _accumulating(twin), _stepping(opt_e)
         kept = []
         for i in range(12):
             torch.testing.assert_close(g(*_batch(i)), eager(*_batch(i)), rtol=1e-4, atol=1e-5)

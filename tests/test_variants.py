@@ -25,18 +25,6 @@ LIMIT_ADVICE = (
 )
 
 
-def _count_slow(monkeypatch, g):
-    calls = []
-    slow = g._slow
-
-    def counted(args, kwargs):
-        calls.append(1)
-        return slow(args, kwargs)
-
-    monkeypatch.setattr(g, "_slow", counted)
-    return calls
-
-
 # -- TD3's update: one train step, its actor updated every other call ----------------------
 def _td3():
     torch.manual_seed(0)
@@ -126,12 +114,12 @@ class TestTD3Update:
             torch.testing.assert_close(g(x, flag), f(x, flag))
         assert (g.stats.warmup_calls, g.stats.captures) == (4, 2)
 
-    def test_alternating_values_replay_without_the_slow_path(self, monkeypatch):
+    def test_alternating_values_replay_without_the_slow_path(self, slow_calls):
         g = CudaGraphModule(lambda x, flag: x * 2 if flag else x - 1, warmup=1, backend="simulate")
         x = torch.ones(3)
         for i in range(10):  # (the second graph's next call captures it again, to lend: see outputs.md)
             g(x, i % 2 == 0)
-        slow = _count_slow(monkeypatch, g)
+        slow = slow_calls(g)
         for i in range(20):
             torch.testing.assert_close(g(x, i % 2 == 0), x * 2 if i % 2 == 0 else x - 1)
         assert slow == [] and g.stats.replays == 28
