@@ -43,7 +43,7 @@ from ._explain import mismatch_error
 from ._graphs import NOT_RUN, Graphs, Warming
 from ._mode import Mode, global_mode
 from ._optim import explain as explain_optimizers
-from ._options import AUTO_GRAPHS, Options, State
+from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
 from ._runners import capturing, collect_before_next_capture, make_runner
@@ -366,7 +366,7 @@ class CudaGraphModule(WrapperSurface):
         if graphs.warming(args, kwargs, self._mode.read(), self.warmup):
             self._stats.warmup_calls += 1
             return graphs.warmup_call(args, kwargs, first=False)
-        graphs.make_room(self.options.max_graphs or AUTO_GRAPHS)
+        graphs.make_room(self.options.graph_limit)
         return self._capture(args, kwargs)
 
     def _capture(self, args: tuple, kwargs: dict, warmed: Warming | None = None) -> Any:
@@ -431,8 +431,7 @@ class CudaGraphModule(WrapperSurface):
 
     def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         graphs, options = self._graphs, self.options
-        limit = AUTO_GRAPHS if options.max_graphs is None else options.max_graphs
-        room = len(graphs.entries) < limit or options.on_graph_limit == "evict"
+        room = len(graphs.entries) < options.graph_limit or options.on_graph_limit == "evict"
         if room and entry.watch.other_grads():
             # .grad None where the graph found a tensor, or the reverse (gradient accumulation):
             # another graph's call, as another signature's (_gradwatch.Required)

@@ -166,9 +166,13 @@ def _named(opt: torch.optim.Optimizer, places: dict[int, str]) -> str:
     return f"{type(opt).__name__} at {place}"
 
 
-def _switched_message(owner: str, module: Any, switched: list, device: torch.device) -> str:
+def _names(module: Any, switched: list) -> str:
     places = _places(module)
-    names = "; ".join(_named(opt, places) for opt in switched)
+    return "; ".join(_named(opt, places) for opt in switched)
+
+
+def _switched_message(owner: str, module: Any, switched: list, device: torch.device) -> str:
+    names = _names(module, switched)
     which = "it" if len(switched) == 1 else "them"
     return (f"{owner} made the optimizer(s) it steps capturable (capturable=True on their param_groups, "
             f"before their first step): {names}. A CUDA graph steps only capturable optimizers, whose step "
@@ -178,8 +182,7 @@ def _switched_message(owner: str, module: Any, switched: list, device: torch.dev
 
 
 def _fused_message(owner: str, module: Any, switched: list, device: Any) -> str:
-    places = _places(module)
-    names = "; ".join(_named(opt, places) for opt in switched)
+    names = _names(module, switched)
     return (f"{owner} made the optimizer(s) it steps fused (fused=True on their param_groups, before their "
             f"first step): {names}. On a GPU the wrapper makes them capturable, which torch refuses for CPU "
             f"tensors; backend='simulate' stands in with a fused step, whose step counts are tensors too. "

@@ -80,6 +80,11 @@ class Options:
         if not isinstance(self.debug, bool):
             raise ValueError(f"debug must be True or False (got {self.debug!r}).")
 
+    @property
+    def graph_limit(self) -> int:
+        """The most graphs a wrapper holds: ``max_graphs``, or :data:`AUTO_GRAPHS` by default."""
+        return AUTO_GRAPHS if self.max_graphs is None else self.max_graphs
+
     def changed(self) -> list[tuple[str, Any]]:
         """``(name, value)`` of the options that differ from their defaults, in order."""
         return [
