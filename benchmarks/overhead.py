@@ -121,10 +121,10 @@ def timed(call: Callable[[], Any], held: bool, calls: int) -> float:
     with torch.no_grad():
         if held:
             start = clock()
-            held_out = []  # the last result, held until the next call returns (as a loop holds it)
+            out = [None]  # the last result, held until the next call returns (as a loop holds it)
             for _ in range(calls):
-                held_out = call()
-            del held_out
+                out[0] = call()
+            del out
         else:
             start = clock()
             for _ in range(calls):
