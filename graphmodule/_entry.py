@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 
 from ._dispatch import add_required, stand_in
-from ._runners import _DEPTH, capturing
+from ._scope import _DEPTH, capturing
 from ._effects import TD, Effects
 from ._errors import Mismatch
 from ._inputs import (

@@ -46,7 +46,8 @@ from ._optim import explain as explain_optimizers
 from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
-from ._runners import capturing, collect_before_next_capture, make_runner
+from ._backend import make_runner
+from ._scope import capturing, collect_before_next_capture
 from ._stale import Watch
 from ._stats import GraphStats
 from ._surface import WrapperSurface

@@ -32,7 +32,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import GraphStateError
-from ._runners import collect_before_next_capture
+from ._scope import collect_before_next_capture
 from ._stats import GraphStats
 
 if TYPE_CHECKING:  # (a cycle at import: an Entry holds its OutputSets)

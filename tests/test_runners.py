@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from graphmodule import CudaGraphModule
-from graphmodule._runners import CaptureResult, CudaRunner, EagerRunner, Runner, SimulatedRunner
+from graphmodule._runner_cuda import CudaRunner
+from graphmodule._runner_simulate import SimulatedRunner
+from graphmodule._runners import CaptureResult, EagerRunner, Runner
 
 _MEMBERS = sorted(
     {name for name, _ in inspect.getmembers(Runner, inspect.isfunction) if not name.startswith("_")}
