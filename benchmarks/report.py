@@ -10,7 +10,7 @@ device, one date), as ``run.py --out`` writes it:
 - ``side_by_side.json``: one call of each workload under each variant (``side_by_side.py``);
 - ``programs.md``: rows of ``programs.py --interleaved`` tables, one row per run;
 - ``memory.json``: ``memory.py``'s graphs in one pool against one pool each;
-- ``examples/table.md`` and its plots: the training examples (``examples/results_table.py``).
+- ``examples/table.md`` and its plots: the training examples (``benchmarks/results_table.py``).
 
 RESULTS.md holds the current numbers only: to update it, replace the folders and run this
 again. ``results/published-reference/`` (``published_reference.py``) is linked, not copied.
@@ -194,7 +194,7 @@ def render(results_dir: str = RESULTS_DIR, charts: bool = True) -> str:
             plots = "".join(f"\n![{p[:-4]}]({rel}/{name}/examples/{p})\n" for p in sorted(os.listdir(folder))
                             if p.endswith(".png"))
             parts.append("## Training examples\n\n`examples/train_ppo.py` and `examples/train_sac.py` in every mode "
-                         "(`python examples/results_table.py DIR --goals` wrote this table), each run capped at "
+                         "(`python benchmarks/results_table.py DIR --goals` wrote this table), each run capped at "
                          f"15-40 s. {describe(env)}.\n\n{table}\n{plots}")
 
     if os.path.exists(os.path.join(results_dir, "published-reference", "published_reference.md")):
