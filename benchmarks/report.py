@@ -13,7 +13,7 @@ device, one date), as ``run.py --out`` writes it:
 - ``examples/table.md`` and its plots: the training examples (``benchmarks/results_table.py``).
 
 RESULTS.md holds the current numbers only: to update it, replace the folders and run this
-again. ``results/published-reference/`` (``published_reference.py``) is linked, not copied.
+again.
 """
 
 from __future__ import annotations
@@ -196,12 +196,6 @@ def render(results_dir: str = RESULTS_DIR, charts: bool = True) -> str:
             parts.append("## Training examples\n\n`examples/train_ppo.py` and `examples/train_sac.py` in every mode "
                          "(`python benchmarks/results_table.py DIR --goals` wrote this table), each run capped at "
                          f"15-40 s. {describe(env)}.\n\n{table}\n{plots}")
-
-    if os.path.exists(os.path.join(results_dir, "published-reference", "published_reference.md")):
-        parts.append("## The published configurations, for reference\n\nThe env steps the published CleanRL "
-                     "configurations need to reach a return of -200 on gymnasium's Pendulum-v1 "
-                     f"(`benchmarks/published_reference.py`): `benchmarks/{rel}/published-reference/"
-                     "published_reference.md`.\n")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(parts)).rstrip() + "\n"
 
 
