@@ -10,7 +10,7 @@ import torch
 from ._paths import user_stacklevel
 from ._runner_cuda import CudaRunner
 from ._runner_simulate import SimulatedRunner
-from ._runners import EagerRunner, Runner
+from ._runners import EagerRunner, Kind, Runner
 
 __all__ = ["make_runner"]
 
@@ -27,10 +27,10 @@ def make_runner(backend: str, device: Any, capture_error_mode: str, pool: Any, d
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
-            return EagerRunner("no CUDA: it runs eagerly")
+            return EagerRunner(Kind.NO_CUDA)
         backend = "cuda"
     if backend == "eager":
-        return EagerRunner("backend='eager': it runs eagerly")
+        return EagerRunner(Kind.EAGER)
     if backend == "simulate":
         return SimulatedRunner()
     if not has_cuda:

@@ -1,8 +1,15 @@
 """The CUDA runner: real CUDA graphs, warmed up and captured on a side stream, replayed on
-the caller's stream, all captured into one memory pool."""
+the caller's stream, all captured into one memory pool (:class:`CudaPool`).
+
+The only code that touches CUDA graphs, streams and pools. What a capture made beyond its
+handle comes back as values in the :class:`~graphmodule._runners.CaptureResult`: the
+``torch.cuda.CUDAGraph`` (none for a capture that launched nothing) and, with ``debug=True``,
+what writes its structure.
+"""
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 import warnings
@@ -12,23 +19,90 @@ import torch
 
 from ._diagnose import diagnose
 from ._errors import GraphStateError
-from ._runners import CaptureResult
-from ._scope import _ACTIVE, _CAPTURE_LOCK, _FAILED, _enter, _leave, capturing, collect_before_next_capture
+from ._runners import CaptureResult, Kind
+from ._scope import SCOPE
 
-__all__ = ["CudaRunner", "heal_generator"]
+__all__ = ["CudaPool", "CudaRunner", "heal_generator"]
 
-# graphs alive per pool id, and the pool ids ever captured into (a pool with no graph
-# left is freed by torch and cannot be captured into again)
-_LIVE: dict[Any, int] = {}
-_USED: set = set()
+
+class CudaPool:
+    """The memory pool every graph of a CUDA runner captures into (a ``Pool``).
+
+    A pool dies with the last graph captured into it (torch frees its device and
+    pinned-host blocks then), so a runner that owns its pool starts a new one once
+    its graphs are all released. A pool passed in (``given``) is the caller's to keep alive.
+    How many graphs each pool holds is the process's (``SCOPE.live``): wrappers share pools.
+    """
+
+    def __init__(self, device: torch.device, given: Any = None) -> None:
+        self.device, self.given = device, given
+        self._new()
+
+    def _new(self) -> None:
+        given = self.given
+        if given is not None:
+            self.mempool = given if hasattr(given, "id") else None
+            self.id = given.id if hasattr(given, "id") else given
+            return
+        with torch.cuda.device(self.device):
+            mempool_cls = getattr(torch.cuda, "MemPool", None)
+            self.mempool = mempool_cls() if mempool_cls is not None else None
+            self.id = self.mempool.id if self.mempool is not None else torch.cuda.graph_pool_handle()
+
+    def fresh(self) -> None:
+        """A new pool, where the runner owns its pool (after a failed capture)."""
+        if self.given is None:
+            self._new()
+
+    def check(self, owner: str) -> None:
+        """Before a capture: a pool whose graphs were all released is freed for good."""
+        if self.in_use() or not self.spent():
+            return
+        if self.given is None:
+            self._new()
+            return
+        raise GraphStateError(
+            f"{owner} was given a memory pool whose graphs were all released, which frees the "
+            "pool for good. Pass a new pool (torch.cuda.graph_pool_handle(), or the pool of a "
+            "wrapper that still holds a graph)."
+        )
+
+    def spent(self) -> bool:
+        """Whether a graph was ever captured into it (after ``check``: it holds one still)."""
+        return self.id in SCOPE.used
+
+    def hold(self, graph: torch.cuda.CUDAGraph) -> None:
+        """``graph`` was captured into this pool."""
+        SCOPE.used.add(self.id)
+        SCOPE.live[self.id] = SCOPE.live.get(self.id, 0) + 1
+        graph._graphmodule_pool = self.id
+
+    def let_go(self, pool: Any) -> None:
+        """A graph captured into ``pool`` (this one, or an earlier pool of the runner) was released."""
+        SCOPE.live[pool] -= 1
+        if SCOPE.live[pool] == 0 and pool == self.id and self.given is None:
+            self._new()
+
+    def in_use(self) -> bool:
+        return SCOPE.live.get(self.id, 0) > 0
+
+    def bytes(self) -> int:
+        """Device memory in this pool (segments of the caching allocator)."""
+        try:
+            segments = torch.cuda.memory_snapshot()
+        except Exception:  # pragma: no cover - allocator without snapshots
+            return 0
+        pool = tuple(self.id)
+        return sum(s.get("total_size", 0) for s in segments if tuple(s.get("segment_pool_id", ())) == pool)
+
+    def handle(self) -> Any:
+        return self.mempool or self.id
 
 
 class CudaRunner:
     """Warmup and capture on a side stream, replay on the caller's stream, one memory pool."""
 
-    captures = True
-    dumps = True
-    simulated = False
+    kind = Kind.CUDA
 
     def __init__(self, device: torch.device, capture_error_mode: str = "thread_local", pool: Any = None,
                  debug: bool = False) -> None:
@@ -40,49 +114,7 @@ class CudaRunner:
         # legacy stream, as capture requires.
         self.stream = torch.cuda.Stream(device)
         self._last_stream: Any = None  # the stream of the thread that called last
-        self._given_pool = pool
-        self._new_pool()
-
-    def _new_pool(self) -> None:
-        """The memory pool every graph of this runner captures into.
-
-        A pool dies with the last graph captured into it (torch frees its device and
-        pinned-host blocks then), so a runner that owns its pool starts a new one once
-        its graphs are all released. A pool passed in is the caller's to keep alive.
-        """
-        given = self._given_pool
-        if given is not None:
-            self.mempool = given if hasattr(given, "id") else None
-            self.pool = given.id if hasattr(given, "id") else given
-            return
-        with torch.cuda.device(self.device):
-            mempool_cls = getattr(torch.cuda, "MemPool", None)
-            self.mempool = mempool_cls() if mempool_cls is not None else None
-            self.pool = self.mempool.id if self.mempool is not None else torch.cuda.graph_pool_handle()
-
-    def _check_pool(self, owner: str) -> None:
-        if _LIVE.get(self.pool, 0) > 0 or self.pool not in _USED:
-            return
-        if self._given_pool is None:
-            self._new_pool()
-            return
-        raise GraphStateError(
-            f"{owner} was given a memory pool whose graphs were all released, which frees the "
-            "pool for good. Pass a new pool (torch.cuda.graph_pool_handle(), or the pool of a "
-            "wrapper that still holds a graph)."
-        )
-
-    def pool_bytes(self) -> int:
-        """Device memory in this runner's pool (segments of the caching allocator)."""
-        try:
-            segments = torch.cuda.memory_snapshot()
-        except Exception:  # pragma: no cover - allocator without snapshots
-            return 0
-        pool = tuple(self.pool)
-        return sum(s.get("total_size", 0) for s in segments if tuple(s.get("segment_pool_id", ())) == pool)
-
-    def pool_handle(self) -> Any:
-        return self.mempool or self.pool
+        self.pool = CudaPool(device, pool)
 
     def new_caller(self) -> None:
         stream = torch.cuda.current_stream(self.device)
@@ -98,12 +130,9 @@ class CudaRunner:
         finally:
             torch.cuda.set_stream(caller)
 
-    def cuda_graph(self, handle: Any) -> torch.cuda.CUDAGraph | None:
-        return handle if isinstance(handle, torch.cuda.CUDAGraph) else None  # (not an _EmptyGraph)
-
     def run_eager(self, body: Callable[[], Any]) -> Any:
         # warmup calls may draw random numbers: not while another thread captures
-        with _CAPTURE_LOCK, torch.cuda.device(self.device):
+        with SCOPE.lock, torch.cuda.device(self.device):
             caller = torch.cuda.current_stream()
             self.stream.wait_stream(caller)
             with torch.cuda.stream(self.stream):
@@ -123,23 +152,28 @@ class CudaRunner:
         """
         # One capture at a time in the process: captures turn the garbage collector off
         # and on, and a collector run inside another thread's capture can break it.
-        with _CAPTURE_LOCK:
-            _ACTIVE[0] += 1
+        with SCOPE.lock:
+            SCOPE.active += 1
             try:
                 return self._capture(body, owner, alone, beside)
             finally:
-                _ACTIVE[0] -= 1
+                SCOPE.active -= 1
 
-    def _capture(self, body: Callable[[], Any], owner: str, alone: bool, beside: Any = None) -> CaptureResult:
-        start = time.perf_counter()
-        self._check_pool(owner)
+    def _target(self, alone: bool, beside: Any) -> tuple[Any, bool]:
+        """The pool a capture goes in, and whether it is the runner's shared pool."""
         # beside a graph captured alone: in its pool, whose temporaries' memory this reuses
         # (an _EmptyGraph has no pool; one in the shared pool carries _graphmodule_pool)
         private = (beside.pool() if isinstance(beside, torch.cuda.CUDAGraph)
                    and getattr(beside, "_graphmodule_pool", None) is None else None)
-        # (after _check_pool, a pool in _USED holds a graph: emptied ones were replaced)
-        shared = private is None and not (alone and beside is None and self.pool in _USED)
-        pool = self.pool if shared else private if private is not None else torch.cuda.graph_pool_handle()
+        # (after check, a spent pool holds a graph: emptied ones were replaced)
+        shared = private is None and not (alone and beside is None and self.pool.spent())
+        pool = self.pool.id if shared else private if private is not None else torch.cuda.graph_pool_handle()
+        return pool, shared
+
+    def _capture(self, body: Callable[[], Any], owner: str, alone: bool, beside: Any = None) -> CaptureResult:
+        start = time.perf_counter()
+        self.pool.check(owner)
+        pool, shared = self._target(alone, beside)
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream()
             torch.cuda.synchronize()
@@ -147,9 +181,8 @@ class CudaRunner:
             # another is capturing breaks that capture (tensordict#1804). A full collection
             # before capture (torch.cuda.graph's force_cudagraph_gc) costs some 100 ms in a
             # program with tensordict imported: it runs where torch is told to, and after a
-            # failed capture, whose garbage must not meet a capture (see below).
-            if _FAILED[0] or getattr(getattr(torch.compiler, "config", None), "force_cudagraph_gc", False):
-                _FAILED[0] = False
+            # failed capture, whose garbage must not meet a capture (see _record).
+            if SCOPE.must_collect() or getattr(getattr(torch.compiler, "config", None), "force_cudagraph_gc", False):
                 gc.collect()
             reserved = torch.cuda.memory_reserved(self.device)
             gc_was_enabled = gc.isenabled()
@@ -157,60 +190,8 @@ class CudaRunner:
             # the collector stays off until the new graph has run once: a collection between
             # capture_end and the first replay freed a failed capture's objects and aborted
             try:
-                # debug: keep the cudaGraph_t beside the executable graph, so that
-                # debug_dump has a structure to print (without it torch drops it at capture_end)
-                graph = torch.cuda.CUDAGraph(keep_graph=True) if self.debug else torch.cuda.CUDAGraph()
-                if self.debug:
-                    graph.enable_debug_mode()
-                body_error: BaseException | None = None
-                end_error: BaseException | None = None
-                out = None
-                self.stream.wait_stream(caller)
-                _enter()
-                empty = False
-                try:
-                    with torch.cuda.stream(self.stream):
-                        try:
-                            graph.capture_begin(pool=pool, capture_error_mode=self.capture_error_mode)
-                        except BaseException as exc:  # noqa: BLE001 - a capture that never started
-                            body_error = exc
-                        else:
-                            try:
-                                out = body()
-                            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                                body_error = exc
-                            finally:
-                                try:
-                                    with warnings.catch_warnings(record=True) as seen:
-                                        warnings.simplefilter("always")
-                                        graph.capture_end()
-                                    # a function that launches nothing (it returns views or inputs)
-                                    empty = any("Graph is empty" in str(w.message) for w in seen)
-                                except BaseException as exc:  # noqa: BLE001
-                                    end_error = exc
-                finally:
-                    _leave()
-                caller.wait_stream(self.stream)
-                if body_error is not None or end_error is not None:
-                    original = body_error if body_error is not None else end_error
-                    self._recover(graph, pool)
-                    # What the failed capture allocated (the graph, tensors its frames hold) lives
-                    # in reference cycles through the error's traceback. Freed by the collector
-                    # between a later capture's end and its first replay, it aborted the process
-                    # (GPU, 2026-11-24). It is collected before the next capture starts, as
-                    # torch.cuda.graph does before each one, and the collector stays off from
-                    # there to that capture's first replay.
-                    collect_before_next_capture()
-                    raise diagnose(owner, original, end_error) from original
-                if empty:
-                    graph = _EmptyGraph()
-                else:
-                    if self.debug:
-                        graph.instantiate()  # keep_graph=True: capture_end left that to us
-                    if shared:  # (a pool of its own dies with the graph and its outputs)
-                        _USED.add(self.pool)
-                        _LIVE[self.pool] = _LIVE.get(self.pool, 0) + 1
-                        graph._graphmodule_pool = self.pool
+                graph, out, empty = self._record(body, owner, caller, pool)
+                graph = self._keep(graph, empty, shared)
                 # a capture records without running: run once, so `out` holds this call's results
                 graph.replay()
                 # what this capture added to the memory held (segments a shared pool already
@@ -219,34 +200,88 @@ class CudaRunner:
             finally:
                 if gc_was_enabled:
                     gc.enable()
-        return CaptureResult(graph, out, nbytes, time.perf_counter() - start)
+        dump = (graph.debug_dump if empty else functools.partial(_dump, graph)) if self.debug else None
+        return CaptureResult(graph, out, nbytes, time.perf_counter() - start, None if empty else graph, dump)
 
-    def replay(self, graph: torch.cuda.CUDAGraph) -> None:
+    def _record(self, body: Callable[[], Any], owner: str, caller: Any, pool: Any) -> tuple[Any, Any, bool]:
+        """``body`` captured into a new graph on the side stream: the graph, what ``body``
+        returned, and whether it launched nothing. Raises the diagnosed error, the process
+        left as it was, where ``body`` or the capture failed."""
+        # debug: keep the cudaGraph_t beside the executable graph, so that
+        # debug_dump has a structure to print (without it torch drops it at capture_end)
+        graph = torch.cuda.CUDAGraph(keep_graph=True) if self.debug else torch.cuda.CUDAGraph()
+        if self.debug:
+            graph.enable_debug_mode()
+        self.stream.wait_stream(caller)
+        with SCOPE.capture():
+            out, body_error, end_error, empty = self._run_captured(graph, body, pool)
+        caller.wait_stream(self.stream)
+        if body_error is not None or end_error is not None:
+            original = body_error if body_error is not None else end_error
+            self._recover(graph, pool)
+            # What the failed capture allocated (the graph, tensors its frames hold) lives
+            # in reference cycles through the error's traceback. Freed by the collector
+            # between a later capture's end and its first replay, it aborted the process.
+            # It is collected before the next capture starts, as torch.cuda.graph does
+            # before each one, and the collector stays off from there to that capture's
+            # first replay.
+            SCOPE.collect_before_next_capture()
+            raise diagnose(owner, original, end_error) from original
+        return graph, out, empty
+
+    def _run_captured(self, graph: torch.cuda.CUDAGraph, body: Callable[[], Any], pool: Any) -> tuple:
+        """``body()`` between ``capture_begin`` and ``capture_end`` on the side stream: what it
+        returned, its error, capture_end's error, and whether the graph is empty."""
+        body_error: BaseException | None = None
+        end_error: BaseException | None = None
+        out = None
+        empty = False
+        with torch.cuda.stream(self.stream):
+            try:
+                graph.capture_begin(pool=pool, capture_error_mode=self.capture_error_mode)
+            except BaseException as exc:  # noqa: BLE001 - a capture that never started
+                body_error = exc
+            else:
+                try:
+                    out = body()
+                except BaseException as exc:  # noqa: BLE001 - re-raised by _record
+                    body_error = exc
+                finally:
+                    try:
+                        with warnings.catch_warnings(record=True) as seen:
+                            warnings.simplefilter("always")
+                            graph.capture_end()
+                        # a function that launches nothing (it returns views or inputs)
+                        empty = any("Graph is empty" in str(w.message) for w in seen)
+                    except BaseException as exc:  # noqa: BLE001
+                        end_error = exc
+        return out, body_error, end_error, empty
+
+    def _keep(self, graph: torch.cuda.CUDAGraph, empty: bool, shared: bool) -> Any:
+        """The handle of a graph captured without error, counted in the pool it shares."""
+        if empty:
+            return _EmptyGraph()
+        if self.debug:
+            graph.instantiate()  # keep_graph=True: capture_end left that to us
+        if shared:  # (a pool of its own dies with the graph and its outputs)
+            self.pool.hold(graph)
+        return graph
+
+    def replay(self, handle: torch.cuda.CUDAGraph) -> None:
         # cudaGraphLaunch on the current stream: no host synchronisation.
-        if _ACTIVE[0] and not capturing():  # another thread captures: wait for it to end
-            with _CAPTURE_LOCK:
-                graph.replay()
+        if SCOPE.active and not SCOPE.inside():  # another thread captures: wait for it to end
+            with SCOPE.lock:
+                handle.replay()
             return
-        graph.replay()
+        handle.replay()
 
-    def debug_dump(self, graph: Any, path: str, owner: str) -> None:
-        # torch announces each dump with "DEBUG: ..." warnings; the caller asked for it
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="DEBUG: calling")
-            graph.debug_dump(path)
-
-    def pool_in_use(self) -> bool:
-        return _LIVE.get(self.pool, 0) > 0
-
-    def release(self, graph: Any) -> None:
-        if graph is None:
+    def release(self, handle: Any) -> None:
+        if handle is None:
             return
-        pool = getattr(graph, "_graphmodule_pool", None)
-        graph.reset()
+        pool = getattr(handle, "_graphmodule_pool", None)
+        handle.reset()
         if pool is not None:
-            _LIVE[pool] -= 1
-            if _LIVE[pool] == 0 and pool == self.pool and self._given_pool is None:
-                self._new_pool()
+            self.pool.let_go(pool)
 
     def _recover(self, graph: torch.cuda.CUDAGraph, pool: Any) -> None:
         """Leave the process as it was before the failed capture."""
@@ -269,8 +304,7 @@ class CudaRunner:
         except Exception:
             pass
         del graph
-        if self._given_pool is None:
-            self._new_pool()
+        self.pool.fresh()
         heal_generator(self.device)
         try:
             torch.cuda.synchronize(self.device)
@@ -290,6 +324,14 @@ class _EmptyGraph:
     def debug_dump(self, path: str) -> None:
         raise GraphStateError("this graph recorded no kernel (the function only returns views or its "
                               "inputs): there is nothing to dump.")
+
+
+def _dump(graph: torch.cuda.CUDAGraph, path: str) -> None:
+    """Write ``graph``'s structure (Graphviz) to ``path``."""
+    # torch announces each dump with "DEBUG: ..." warnings; the caller asked for it
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="DEBUG: calling")
+        graph.debug_dump(path)
 
 
 def heal_generator(device: torch.device) -> None:

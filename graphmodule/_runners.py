@@ -11,24 +11,40 @@ one it has:
   tested on a CPU machine.
 - ``EagerRunner``: no graph; the function runs at every call (the CPU fallback).
 
-``capture(body, owner)`` returns a :class:`CaptureResult`: a handle to replay, what
-``body`` returned, as it stands after one execution (a CUDA capture records without
-running, so the CUDA runner replays once before returning), and what the capture cost.
-``_backend`` picks the runner a backend name asks for; ``_scope`` holds what captures share
-in the process.
+The protocol is narrow: run eagerly, capture, replay, release, the pool, the streams. What
+only some runners have is a value, not a member: :class:`Kind` says what a runner makes of a
+capture (in the words of messages), and ``capture(body, owner)`` returns a
+:class:`CaptureResult`: a handle to replay, what ``body`` returned, as it stands after one
+execution (a CUDA capture records without running, so the CUDA runner replays once before
+returning), what the capture cost, and, where there is one, the ``torch.cuda.CUDAGraph`` and
+what writes its structure. ``_backend`` picks the runner a backend name asks for; ``_scope``
+holds what captures share in the process.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 
 from ._errors import GraphStateError
 
-__all__ = ["CAPTURE_ERROR_MODES", "CaptureResult", "EagerRunner", "Runner"]
+__all__ = ["NO_POOL", "CaptureResult", "EagerRunner", "Kind", "Pool", "Runner"]
 
-CAPTURE_ERROR_MODES = ("thread_local", "global", "relaxed")
+
+class Kind(enum.Enum):
+    """What a runner makes of a capture; the value says it in the words of messages."""
+
+    CUDA = "backend='cuda'"
+    SIMULATED = "backend='simulate': a replay runs the recorded tensor operations"
+    EAGER = "backend='eager': it runs eagerly"
+    NO_CUDA = "no CUDA: it runs eagerly"
+
+    @property
+    def captures(self) -> bool:
+        """Whether it captures graphs (False: every call runs eagerly)."""
+        return self is Kind.CUDA or self is Kind.SIMULATED
 
 
 class CaptureResult(NamedTuple):
@@ -38,15 +54,32 @@ class CaptureResult(NamedTuple):
     out: Any  # what the body returned, as it stands after one execution
     bytes: int  # device memory the capture added (segments a shared pool already had: not counted)
     seconds: float  # wall time of the capture
+    # the torch.cuda.CUDAGraph behind handle (None: no CUDA graph, or one that launched nothing)
+    cuda_graph: torch.cuda.CUDAGraph | None = None
+    # writes the graph's structure (Graphviz) to a path (None: it keeps none, see debug=True)
+    dump: Callable[[str], None] | None = None
+
+
+class Pool(Protocol):
+    """The memory a runner's graphs share."""
+
+    def in_use(self) -> bool:
+        """Whether it holds a graph: a graph captured into it now may find its memory where
+        an earlier graph keeps its temporaries (see ``CudaRunner.capture``)."""
+
+    def bytes(self) -> int:
+        """Device memory in it."""
+
+    def handle(self) -> Any:
+        """What another wrapper's ``pool=`` takes to share it (None: none)."""
 
 
 class Runner(Protocol):
     """What the wrapper asks of a runner; each runner answers every part."""
 
-    captures: bool  # whether it captures graphs (False: every call runs eagerly)
-    dumps: bool  # whether its graphs have a structure debug_dump writes (False: debug_dump raises why)
+    kind: Kind
     device: torch.device | None  # the CUDA device of its graphs (None without CUDA)
-    simulated: bool  # whether its graphs stand in for CUDA graphs on another device (_simulate)
+    pool: Pool
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
         """``body()`` where warmup calls run (CUDA: on the side stream, ordered with the caller's)."""
@@ -69,41 +102,39 @@ class Runner(Protocol):
         """Another thread calls: order its stream after the last caller's, whose replay and
         copies may still be running when this call writes the same buffers."""
 
-    def pool_in_use(self) -> bool:
-        """Whether the shared pool holds a graph: a graph captured into it now may find
-        its memory where an earlier graph keeps its temporaries (see ``capture``)."""
 
-    def pool_bytes(self) -> int:
-        """Device memory in the runner's pool."""
+class _NoPool:
+    """The pool of a runner without device memory of its own."""
 
-    def pool_handle(self) -> Any:
-        """What another wrapper's ``pool=`` takes to share this runner's pool (None: none)."""
+    def in_use(self) -> bool:
+        return False
 
-    def cuda_graph(self, handle: Any) -> torch.cuda.CUDAGraph | None:
-        """The ``torch.cuda.CUDAGraph`` behind ``handle``, if there is one."""
+    def bytes(self) -> int:
+        return 0
 
-    def debug_dump(self, handle: Any, path: str, owner: str) -> None:
-        """Write the graph's structure (Graphviz) to ``path``."""
+    def handle(self) -> Any:
+        return None
+
+
+NO_POOL = _NoPool()
 
 
 class EagerRunner:
-    """No graphs: the function runs at every call. ``why``: why, in the words of messages
-    (``"no CUDA"``, ``"backend='eager'"``)."""
+    """No graphs: the function runs at every call. ``kind``: ``EAGER`` (asked for) or
+    ``NO_CUDA`` (``backend="auto"`` without CUDA)."""
 
-    captures = False
-    dumps = False
-    simulated = False
     device = None
+    pool = NO_POOL
 
-    def __init__(self, why: str = "backend='eager'") -> None:
-        self.why = why
+    def __init__(self, kind: Kind = Kind.EAGER) -> None:
+        self.kind = kind
 
     def run_eager(self, body: Callable[[], Any]) -> Any:
         return body()
 
     def capture(self, body: Callable[[], Any], owner: str, alone: bool = False, beside: Any = None) -> CaptureResult:
-        raise GraphStateError(f"{owner} runs every call eagerly ({self.why}): it captures "
-                              "no graph.")  # (the wrapper never asks: captures is False)
+        raise GraphStateError(f"{owner} runs every call eagerly ({self.kind.value}): it captures "
+                              "no graph.")  # (the wrapper never asks: its kind captures nothing)
 
     def replay(self, handle: Any) -> None:
         raise GraphStateError("an eager runner holds no graph to replay.")
@@ -116,20 +147,3 @@ class EagerRunner:
 
     def new_caller(self) -> None:
         pass
-
-    def pool_in_use(self) -> bool:
-        return False
-
-    def pool_bytes(self) -> int:
-        return 0
-
-    def pool_handle(self) -> Any:
-        return None
-
-    def cuda_graph(self, handle: Any) -> None:
-        return None
-
-    def debug_dump(self, handle: Any, path: str, owner: str) -> None:
-        raise GraphStateError(f"{owner} records no CUDA graph ({self.why}): "
-                              "there is no graph structure to dump; use backend='cuda' on a GPU.")
-
