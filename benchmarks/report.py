@@ -10,10 +10,10 @@ device, one date), as ``run.py --out`` writes it:
 - ``side_by_side.json``: one call of each workload under each variant (``side_by_side.py``);
 - ``programs.md``: rows of ``programs.py --interleaved`` tables, one row per run;
 - ``capture.json``: ``capture.py``'s capture times and the memory of graphs in one pool against one pool each;
-- ``examples/table.md`` and its plots: the training examples (``examples/results_table.py``).
+- ``examples/table.md`` and its plots: the training examples (``benchmarks/results_table.py``).
 
 RESULTS.md holds the current numbers only: to update it, replace the folders and run this
-again. ``results/published-reference/`` (``published_reference.py``) is linked, not copied.
+again.
 """
 
 from __future__ import annotations
@@ -197,8 +197,8 @@ def render(results_dir: str = RESULTS_DIR, charts: bool = True) -> str:
             result = load_json(path)
             parts.append("## Capture cost\n\n`benchmarks/capture.py`: the call that captures, wall time with the GPU "
                          f"synchronised, ms, median of {result['repeats']} fresh wrappers; beside it CUDA's own cost "
-                         "(the same function captured by hand). Then the device memory of k graphs (one batch size "
-                         "each) held by one wrapper (`max_graphs=k`, one pool) against k wrappers (k pools). "
+                         "(the same function captured by hand). Then the device memory of k graphs (batch sizes 1, 2, 4, "
+                         "..., one each) held by one wrapper (`max_graphs=k`, one pool) against k wrappers (k pools). "
                          f"{describe(env)}.\n\n{capture_table(result)}\n")
 
     for name, env in found:
@@ -209,14 +209,8 @@ def render(results_dir: str = RESULTS_DIR, charts: bool = True) -> str:
             plots = "".join(f"\n![{p[:-4]}]({rel}/{name}/examples/{p})\n" for p in sorted(os.listdir(folder))
                             if p.endswith(".png"))
             parts.append("## Training examples\n\n`examples/train_ppo.py` and `examples/train_sac.py` in every mode "
-                         "(`python examples/results_table.py DIR --goals` wrote this table), each run capped at "
+                         "(`python benchmarks/results_table.py DIR --goals` wrote this table), each run capped at "
                          f"15-40 s. {describe(env)}.\n\n{table}\n{plots}")
-
-    if os.path.exists(os.path.join(results_dir, "published-reference", "published_reference.md")):
-        parts.append("## The published configurations, for reference\n\nThe env steps the published CleanRL "
-                     "configurations need to reach a return of -200 on gymnasium's Pendulum-v1 "
-                     f"(`benchmarks/published_reference.py`): `benchmarks/{rel}/published-reference/"
-                     "published_reference.md`.\n")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(parts)).rstrip() + "\n"
 
 

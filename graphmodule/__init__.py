@@ -43,8 +43,12 @@ Modules, one concept each:
   torch.compile does) where exact; the cause and the fix where not.
 - ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode, default dtype,
   deterministic algorithms: part of the signature.
-- ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
-  three runners (CUDA, simulated on any device, eager).
+- ``_runners``: the runner protocol the wrapper calls (run eagerly, capture, replay,
+  release, the pool, the streams; what a runner has beyond it comes back as values in the
+  ``CaptureResult``) and the eager runner. ``_runner_cuda``: the CUDA runner, the only code
+  that touches CUDA graphs, streams and pools; ``_runner_simulate``: the simulated runner;
+  ``_backend``: the runner a backend name asks for; ``_scope``: what captures share in the
+  process (``SCOPE``: which thread captures, one capture at a time, the pools in use).
 - ``_simulate``: the simulated graph: the tensor operations a capture dispatched, replayed
   with no Python, as a GPU replays its kernels; host syncs refused as CUDA refuses them.
 - ``_diagnose``: the likely cause of a failed capture.

@@ -319,6 +319,8 @@ def record(
         capture_bytes=captured.bytes + (layer.capture_bytes if layer is not None else 0)
         + (twin.nbytes if twin is not None else 0),
         capture_seconds=captured.seconds + (layer.capture_seconds if layer is not None else 0.0),
+        cuda_graph=captured.cuda_graph,
+        dump=captured.dump,
     )
     return entry, materialized
 
