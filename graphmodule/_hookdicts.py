@@ -134,11 +134,12 @@ class HookWatch:
 
     def __init__(self, dicts: list[HookDict]):
         self.dicts = dicts
-        self.captured = [dict(d.hooks) for d in dicts]
-        # what same() reads: each owner's attribute, compared in C with what it held at capture
+        # what same() reads: each owner's attribute (a dict, or None: a tensor without hooks),
+        # compared in C with what it held at capture
         self._owners = [d.owner for d in dicts]
         self._attributes = [d.kind.global_attribute if d.is_global else d.kind.attribute for d in dicts]
         self._held = [None if h is None else dict(h) for h in map(getattr, self._owners, self._attributes)]
+        self.captured = [{} if h is None else h for h in self._held]
         # the place the watch reads at every call: moves whenever a hook is registered
         self.place = (vars(RemovableHandle), "next_id")
 
