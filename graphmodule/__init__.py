@@ -36,8 +36,10 @@ Modules, one concept each:
   (``_pyeffects``: the Python state a function changes, refused at capture).
 - ``_stale``: the check, at every call, that what it reads is unchanged
   (``_dictwatch``: the dict watchers that let it skip what did not change).
-- ``_hooks``: module hooks, whose Python a replay would not run: judged at capture by what
-  they do (served, or refused naming the hook), watched after; ``allow_hook``.
+- ``_hooks``: hooks, whose Python a replay would not run: judged at capture by what they do
+  (served, or refused naming the hook); ``allow_hook`` (``_hookdicts``: the hook dicts a call
+  runs, its modules', parameters' and optimizers', and the watch that they hold the captured
+  hooks).
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_optim``: optimizers the function steps, made capturable before their first step (as
   torch.compile does) where exact; the cause and the fix where not.
