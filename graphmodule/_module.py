@@ -47,7 +47,8 @@ from ._optim import explain as explain_optimizers
 from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
-from ._runners import capturing, collect_before_next_capture, make_runner
+from ._backend import make_runner
+from ._scope import SCOPE
 from ._stale import Watch
 from ._stats import GraphStats
 from ._surface import WrapperSurface
@@ -67,6 +68,7 @@ _skip_frame = torch._dynamo.decorators.skip
 def _compiled_off(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
     """A call made where dynamo is on: the wrapper's call, and what it calls, with dynamo off."""
     return wrapper(*args, **kwargs)
+
 
 class CudaGraphModule(WrapperSurface):
     """Run a function, ``nn.Module`` or TensorDict module as a CUDA graph.
@@ -213,7 +215,7 @@ class CudaGraphModule(WrapperSurface):
         with self._lock:  # (not while another thread's call replays them)
             self._graphs.release()
             if self._failure is not None:  # its traceback holds the failed capture's objects
-                collect_before_next_capture()
+                SCOPE.collect_before_next_capture()
             self._reset_state()
 
     # -- calls -------------------------------------------------------------------------
@@ -295,7 +297,7 @@ class CudaGraphModule(WrapperSurface):
         self._runner.new_caller()
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
-        if capturing():  # called inside another wrapper's capture: record inline into it
+        if SCOPE.inside():  # called inside another wrapper's capture: record inline into it
             self._stats.inline_calls += 1
             return self.module(*args, **kwargs)
         if self._state is State.FAILED:
@@ -391,7 +393,7 @@ class CudaGraphModule(WrapperSurface):
         watch = Watch(self.module)
         reader = self._mode or mode_reader(watch)
         mode = reader.read()
-        if not self._runner.captures or self._eager_only:
+        if not self._runner.kind.captures or self._eager_only:
             return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
         try:
             check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
