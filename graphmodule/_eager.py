@@ -73,7 +73,10 @@ class EagerEntry:
 class _EagerOutputs:
     """What an :class:`EagerEntry` has for output sets: none, its results are the function's."""
 
-    gate = None
+    @staticmethod
+    def serve(entry: EagerEntry, leaves: Any, objs: dict, tree: Any) -> Any:
+        """As ``OutputSets.serve``: the entry's call (run eagerly)."""
+        return entry.replay(leaves, objs, tree)
 
     @staticmethod
     def describe() -> str:

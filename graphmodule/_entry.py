@@ -15,7 +15,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from ._dispatch import add_required, stand_in
 from ._scope import SCOPE
@@ -35,6 +35,7 @@ from ._inputs import (
 from ._mode import saves_inputs
 from ._outputs import Plan
 from ._recipes import GRAPH, PASSED, build, passed_recipes
+from ._run import laid_out
 from ._spec import InputSpec
 from ._stale import Watch
 from ._tree import _is_node
@@ -78,72 +79,6 @@ def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict,
     if SCOPE.depth and SCOPE.inside():
         return INLINE, split
     return REPLAY, split
-
-
-def _fast_run(entry: Entry) -> Any:
-    """``Entry._replay`` laid out once for ``entry``, where its call is the common one (one
-    result, from the graph's buffers; no layer): the input copy, the replay and the result in
-    one frame, reading no field of the entry (it holds this function: no reference cycle).
-    ``None`` for the other entries, which take the general one."""
-    plan = entry.plan
-    if entry.layer is not None:
-        return None
-    if not entry.single:
-        return _fast_writes(entry)
-    lender, out, clone = plan.lender, plan.graph[0], entry.clone
-    first = lender._first if lender is not None else None
-    if lender is not None and first is None:  # (a result without memory: values() clones it)
-        return None
-    replay, handle, inputs = entry.runner.replay, entry.handle, entry.inputs
-    one, copy_from = inputs._one, inputs.copy_from
-    buffer, index = one if one is not None else (None, None)
-    # (one function per combination: a call branches on nothing it could know beforehand)
-    if one is not None and lender is not None:
-        def run(_: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
-            source = leaves[index]
-            if source is not buffer:  # (a producer wrote straight into the buffer)
-                buffer.copy_(source)
-            replay(handle)
-            return first.detach()
-    elif lender is not None:
-        def run(_: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
-            copy_from(leaves)
-            replay(handle)
-            return first.detach()
-    else:
-        def run(_: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
-            copy_from(leaves)
-            replay(handle)
-            return out.clone() if clone else out
-    return run
-
-
-def _fast_writes(entry: Entry) -> Any:
-    """A TensorDict module's call laid out (``_fast_run``): the graph's results written into
-    the call's TensorDict at its root, which is returned (``Entry.writes_only``), each entry a
-    result of the graph. A TensorDict of another class, or locked, takes the general replay."""
-    plan, ops = entry.plan, entry.effects.ops
-    if entry.writes_only is None or plan.grad or len(ops) != 1 or ops[0].target.path:
-        return None
-    writes = [(name, recipe.index) for name, recipe in ops[0].writes if recipe.kind is GRAPH]
-    if len(writes) != len(ops[0].writes):
-        return None
-    replay, handle, copy_from, values, clone = entry.runner.replay, entry.handle, entry.inputs.copy_from, \
-        plan.values, entry.clone
-    general = Entry._replay
-
-    def run(this: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
-        td = objs[0]
-        if type(td) is not TensorDict or td._is_locked:
-            return general(this, leaves, objs, tree)
-        copy_from(leaves)
-        replay(handle)
-        results, entries = values(clone), td._tensordict
-        for name, j in writes:  # (as Effects.apply writes into a TensorDict it may write raw)
-            entries[name] = results[j]
-        return td
-
-    return run
 
 
 class Entry:
@@ -211,8 +146,8 @@ class Entry:
                                  and out_recipe.ref.position == 0)
         self.writes_only = self._writes_only()
         # this graph's replay, as the output sets call it (``run(entry, leaves, objs, tree)``):
-        # laid out once for the common calls (see _fast_run), else the general one
-        self.run = _fast_run(self) or Entry._replay
+        # laid out once for the common calls (_run), else the general one
+        self.run = laid_out(self, Entry._replay) or Entry._replay
 
     def _writes_only(self) -> list | None:
         """The keys the graph writes into its TensorDict argument, where writing them and

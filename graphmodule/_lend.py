@@ -176,6 +176,8 @@ class Lender:
         # the common case (one storage), read without a call per group
         self._one = self.groups[0] if len(self.groups) == 1 else None
         self._first = self.groups[0].templates[0][1] if self.groups else None
+        # a graph with one result, which has memory: what each call lends (a new view of it)
+        self.lone = self._first if self.n == 1 else None
         # several storages (a train step's gradients): read in two C-level passes
         self._cdatas, self._bases = [g.cdata for g in self.groups], [g.base for g in self.groups]
         self._lents = [g.lent for g in self.groups]

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 import torch._dynamo.decorators
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, dispatch
 
 from ._diagnose import USER_ERROR
@@ -228,10 +228,10 @@ class CudaGraphModule(WrapperSurface):
     @_skip_frame
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path, in this one frame: whether the most recent graph replays the call
-        # (decide), then its replay (Entry.replay); anything else goes to _slow.
+        # (decide), then its replay (served by the graph's output sets); anything else goes to _slow.
         if _dynamo_callback():
             return _compiled_off(self, *args, **kwargs)
-        if self._is_tensordict_module and (kwargs or not args or (self.in_keys
+        if self._is_tensordict_module and (kwargs or not args or (self.in_keys and type(args[0]) is not TensorDict
                                                                   and not isinstance(args[0], TensorDictBase))):
             # keyword calls, positional tensors and tensordict_out go through tensordict's
             # dispatch; a TensorDict call is passed on unchanged by it, so it skips the wrapper
@@ -264,7 +264,7 @@ class CudaGraphModule(WrapperSurface):
                         entries.remove(entry)
                         entries.insert(0, entry)
                     leaves, objs = split
-                    return entry.replay(leaves, objs, (args, kwargs))
+                    return entry.outputs.serve(entry, leaves, objs, (args, kwargs))  # (entry.replay's work)
             return self._slow(args, kwargs)
 
     @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
