@@ -33,7 +33,10 @@ Modules, one concept each:
 - ``_outputsets``: ``OutputSets``, the state machine of ``outputs="safe"``: lent results,
   twins, copies (``_lend``: lending the buffers; ``_twin``: a twin's own buffers).
 - ``_discover``: what the graph reads from outside its inputs, found at capture
-  (``_pyeffects``: the Python state a function changes, refused at capture).
+  (``_reads``: the attribute chains code reads off ``self``, its globals and closure
+  variables, found in its bytecode; ``_places``: watched places other than a container entry,
+  and the Python values watched by value; ``_pyeffects``: the Python state a function
+  changes, refused at capture).
 - ``_stale``: the check, at every call, that what it reads is unchanged
   (``_dictwatch``: the dict watchers that let it skip what did not change).
 - ``_hooks``: module hooks, whose Python a replay would not run: judged at capture by what
