@@ -129,15 +129,19 @@ def _lookup(obj: Any, name: str, attributes: dict) -> _Found | None:
     static, owner = _static(type(obj), name)
     if static is not _MISSING and _data_descriptor(static):
         return None
-    attrs = getattr(obj, "__dict__", None)
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:  # noqa: BLE001 - no __dict__ (slots, a builtin)
+        attrs = None
     if type(attrs) is dict:
         if name in attrs:
             return _Found(attrs, name, attrs[name], "") if name not in _MODULE_OWN or not isinstance(
                 obj, nn.Module) else None
         if isinstance(obj, nn.Module):
             for kind in ("_parameters", "_buffers", "_modules"):
-                if name in attrs[kind]:  # walked with the module
-                    return _Found(None, None, attrs[kind][name], "")
+                held = attrs.get(kind) or {}
+                if name in held:  # walked with the module
+                    return _Found(None, None, held[name], "")
     if static is _MISSING or isinstance(static, (staticmethod, classmethod)):
         return None
     if isinstance(static, types.FunctionType):  # a method

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphmodule import CudaGraphModule, StaleGraphError
+from graphmodule import CudaGraphModule, StaleGraphError, UnsupportedError
 
 X = torch.ones(2, 3)
 SCALE = 2.0
@@ -118,6 +118,25 @@ class TestModuleGlobals:
             _as_eagerly(net, lambda: LEVEL.fill(4.0))
         finally:
             LEVEL[...] = 2.0
+
+
+CALLS = 0
+
+
+class TestModuleGlobalsChanged:
+    def test_a_forward_that_counts_in_a_global_is_refused_at_capture(self):
+        class Counted(Scaled):
+            def forward(self, x):
+                global CALLS
+                CALLS += 1
+                return self.lin(x)
+
+        g = CudaGraphModule(Counted(), warmup=1, backend="simulate")
+        with torch.no_grad(), pytest.raises(UnsupportedError) as info:
+            for _ in range(2):
+                g(X)
+        assert "global 'CALLS' of TestModuleGlobalsChanged.test_a_forward_that_counts_in_a_global_is_refused_at_" \
+               "capture.<locals>.Counted.forward was rebound" in str(info.value)
 
 
 class Shaped(nn.Module):
