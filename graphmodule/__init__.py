@@ -17,7 +17,9 @@ Modules, one concept each:
   that differ from the held graphs only in Python values and modes, up to 8.
 - ``_entry``: one captured graph as one value; ``decide``, whether a call replays it (the
   one decision every path takes); the replay path.
-- ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's place.
+- ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's
+  place; without CUDA, checked by a simulated capture of its first call, so that it is refused
+  where a GPU's graph would be, with the same messages.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
 - ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
 - ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.

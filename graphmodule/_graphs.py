@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ._dispatch import add_required, by_key_paths, fit_batch
-from ._eager import EagerEntry
+from ._eager import CheckingRunner, EagerEntry
 from ._entry import NOT_SERVED, OTHER, REPLAY, STALE, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._explain import explain_mismatches
@@ -119,6 +119,8 @@ class Graphs:
         self.returned_input: bool | None = None  # a TensorDict module's warmup returned its input
         self.warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
         self.layer_hint = False  # the last warmup call returned tensors that track gradients (_grad)
+        # without CUDA: what captures a signature's first call, to check it as a GPU would (_eager)
+        self.checking = None if runner.captures else CheckingRunner()
 
     # -- finding a call's graph ----------------------------------------------------------
     def find(self, args: tuple, kwargs: dict, mode: Any) -> Found:
@@ -282,7 +284,11 @@ class Graphs:
     def capture(self, call: CallRead, mode: Any, warmed: Warming | None = None) -> Entry:
         """Capture ``call``: the new graph, the most recently used (its call's result is
         ``entry.finish(...)``); ``warmed``: its signature's warmup record, if counted per
-        signature. Raises the runner's :class:`~graphmodule.CaptureError`."""
+        signature. Raises the runner's :class:`~graphmodule.CaptureError`.
+
+        Without CUDA the entry is an :class:`EagerEntry`, checked by a simulated capture."""
+        if self.checking is not None:
+            return self._checked(call, mode, warmed)
         layer_hint = self.layer_hint if warmed is None else warmed.layer_hint
         warm_keys = self.warm_keys if warmed is None else warmed.keys
         # outputs="safe" where the pool already holds a graph (another signature's, another
@@ -306,16 +312,28 @@ class Graphs:
                    lend_later=lend_later and entry.layer is None and bool(entry.plan.graph))
         return entry
 
+    def _checked(self, call: CallRead, mode: Any, warmed: Warming | None) -> EagerEntry:
+        """Without CUDA: ``call``'s signature captured as ``backend="simulate"`` captures it,
+        raising what that capture raises, then served eagerly (``_eager``); its call's result is
+        ``entry.finish(...)``."""
+        warm_keys = self.warm_keys if warmed is None else warmed.keys
+        _untie_hook_weights(self.module)
+        checks, _ = record(owner=self.owner, module=self.module, runner=self.checking, layout=call.layout,
+                           leaves=call.leaves, mode=mode, clone=True, texts=call.texts, objs=call.objs,
+                           eager_keys=warm_keys if not self.entries else None)
+        entry = EagerEntry.checked(checks, runner=self.runner, module=self.module, stats=self.stats)
+        self.entries.insert(0, entry)
+        self.stats.eager_calls += 1
+        return entry
+
     def eager(self, call: CallRead, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> tuple[EagerEntry, Any]:
-        """``call``'s signature served eagerly, without a graph (the runner captures none, or
-        its capture failed with ``on_capture_failure="eager"``): its entry, the most recently
-        used, and the call's result (``ran``, where the call already ran, else run now).
+        """``call``'s signature served eagerly, without a graph, after its capture failed with
+        ``on_capture_failure="eager"``: its entry, the most recently used, and the call's
+        result (``ran``, where the call already ran, else run now).
 
         What a capture refuses before running the function (autocast's cache over what the
         graph reads, inference tensors autograd would save; ``watch``: what it reads, taken
-        before the call) is refused here too, so that code that runs without CUDA runs on a
-        GPU. What only a capture sees (a host synchronisation, Python state the function or
-        its modules' hooks change) is not."""
+        before the call) is refused here too."""
         args, kwargs = call.tree
         if ran is NOT_RUN:
             check_capture(self.owner, mode, watch.tensors(), list(zip(call.texts, call.leaves)))

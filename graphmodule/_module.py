@@ -13,8 +13,9 @@ the held graphs only in Python values and modes (``_variants``); by default each
 first included, is captured after ``warmup`` calls of its own.
 
 In ``EAGER`` a signature's "graph" is an ``EagerEntry``, which runs the function on each
-call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs,
-so a wrapper without CUDA accepts and refuses what it would on a GPU.
+call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs.
+Without CUDA its capture is a simulated one (``_eager.CheckingRunner``), which raises what a
+capture raises, so a wrapper without CUDA accepts and refuses what it would on a GPU.
 
 A call that the most recent graph replays (``_entry.decide``) takes the hot path in
 :meth:`__call__`; every other call (warmup, a capture, another graph, a stale graph, a
@@ -374,10 +375,11 @@ class CudaGraphModule(WrapperSurface):
         watch = Watch(self.module)
         reader = self._mode or mode_reader(watch)
         mode = reader.read()
-        if not self._runner.captures or self._eager_only:
+        if self._eager_only:
             return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
         try:
             check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
+            # (without CUDA: a simulated capture checks the call, then its signature runs eagerly)
             entry = self._graphs.capture(call, mode, warmed)
         except CaptureError as err:
             err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
@@ -392,8 +394,11 @@ class CudaGraphModule(WrapperSurface):
             return self._capture_failed(err, call, mode, reader, watch, ran=out, warmed=warmed)
         self._graphs.warmed(warmed)
         self._first_reader(reader)
-        self._state = State.CAPTURED
-        note_capture(self)  # released before its process groups are destroyed (_distributed)
+        if entry.handle is None:  # (no CUDA)
+            self._state = State.EAGER
+        else:
+            self._state = State.CAPTURED
+            note_capture(self)  # released before its process groups are destroyed (_distributed)
         return entry.finish(call.leaves, call.objs, call.tree)
 
     def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, watch: Watch,
