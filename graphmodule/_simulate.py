@@ -48,8 +48,8 @@ __all__ = ["HOST_SYNC", "Op", "SimulatedGraph", "excusing_optimizer_syncs", "rec
 aten = torch.ops.aten
 
 # the error a CUDA capture gives where the host waits for the device (``_diagnose`` names its cause)
-HOST_SYNC = ("operation not permitted when stream is capturing (refused as a CUDA capture refuses it, "
-             "where no CUDA graph is captured too: this operation makes the host wait for the device)")
+HOST_SYNC = ("operation not permitted when stream is capturing (refused as by a CUDA capture: this "
+             "operation makes the host wait for the device)")
 
 # operations whose result the host reads: a device tensor's value must reach the host
 _READS_ON_HOST = {
