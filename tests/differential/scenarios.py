@@ -53,13 +53,13 @@ import torch
 from torch import nn
 from tensordict import TensorDict
 
-from graphmodule import CudaGraphModule, GraphModuleError
+from graphmodule import CaptureError, CudaGraphModule, GraphModuleError
 
 from .oracle import (Diff, _call, _short, _Text, compare, failure_type, identity_map, last_bits, probe,
                      refused_by_cuda, show, walk)
 
 __all__ = ["REGISTRY", "WITHOUT_GRAPH_WORDS", "Scenario", "ScenarioOutcome", "check_scenario", "in_graph_words",
-           "register", "run_scenario"]
+           "refusal", "register", "run_scenario"]
 
 # focus name -> a hypothesis strategy drawing Scenarios (filled by the scenario_* modules)
 REGISTRY: dict[str, Any] = {}
@@ -182,9 +182,17 @@ def _counts(g: CudaGraphModule) -> tuple:
             ("recaptures", s.recaptures), ("input_mismatches", s.input_mismatches), ("graphs", s.graphs))
 
 
+def refusal(err: BaseException) -> str:
+    """An error as the parity of backends compares it: its class and message, in graphs' words
+    (a failed capture: its cause and place; the original error's text is the runner's)."""
+    if isinstance(err, CaptureError):
+        return f"CaptureError ({err.cause}) at {err.where}"
+    return f"{type(err).__name__}: {in_graph_words(str(err))}"
+
+
 def _ended(label: str, err: BaseException) -> str:
-    """The step that ended the program, the error's class and message (in graphs' words)."""
-    return f"{label}: {type(err).__name__}: {in_graph_words(str(err))}"
+    """The step that ended the program, and the error (:func:`refusal`)."""
+    return f"{label}: {refusal(err)}"
 
 
 def _rounding(ns: dict, i: int) -> Any:
