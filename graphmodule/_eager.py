@@ -29,12 +29,13 @@ from ._dispatch import add_required, stand_in
 from ._entry import NOT_SERVED, REPLAY, Entry, decide
 from ._errors import WITHOUT_GRAPH, Mismatch
 from ._gradwatch import StatesOnly
+from ._record import CallRead, record
 from ._runners import CaptureResult, SimulatedRunner, _enter, _leave
 from ._simulate import excusing_optimizer_syncs
 from ._spec import InputSpec
 from ._stale import Watch
 
-__all__ = ["CheckingRunner", "EagerEntry"]
+__all__ = ["CheckingRunner", "EagerEntry", "checked_entry"]
 
 
 class CheckingRunner(SimulatedRunner):
@@ -86,7 +87,7 @@ class EagerEntry:
         checks = self.checks
         out = checks.finish(leaves, objs, tree)
         checks.runner.release(checks.handle)
-        checks.handle = None
+        checks.handle = checks.plan = None  # (its buffers: what the checks read are the inputs')
         rebound = checks.watch.rebound
         if rebound is not None:  # each call binds its own .grad: whether it is None is the signature
             rebound = copy.copy(rebound)
@@ -134,6 +135,17 @@ class EagerEntry:
         layer = self.checks.layer if self.checks is not None else None
         if layer is not None:  # (a layer's backward graph, kept for the first call's result)
             layer.release()
+
+
+def checked_entry(owner: str, module: Any, call: CallRead, mode: Any, eager_keys: list | None, checking: CheckingRunner,
+                  runner: Any, stats: Any) -> EagerEntry:
+    """Without CUDA: the signature of ``call``, captured by ``checking`` as ``backend="simulate"``
+    captures it, raising what that capture raises (``_record.record``: one code refuses for both),
+    then served eagerly by ``runner``; the call's result is ``entry.finish(...)``."""
+    checks, _ = record(owner=owner, module=module, runner=checking, layout=call.layout, leaves=call.leaves,
+                       mode=mode, clone=True, texts=call.texts, objs=call.objs, eager_keys=eager_keys)
+    stats.eager_calls += 1
+    return EagerEntry.checked(checks, runner=runner, module=module, stats=stats)
 
 
 def _inline(body: Callable[[], Any]) -> Any:

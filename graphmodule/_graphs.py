@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ._dispatch import add_required, by_key_paths, fit_batch
-from ._eager import CheckingRunner, EagerEntry
+from ._eager import CheckingRunner, EagerEntry, checked_entry
 from ._entry import NOT_SERVED, OTHER, REPLAY, STALE, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._explain import explain_mismatches
@@ -284,23 +284,25 @@ class Graphs:
     def capture(self, call: CallRead, mode: Any, warmed: Warming | None = None) -> Entry:
         """Capture ``call``: the new graph, the most recently used (its call's result is
         ``entry.finish(...)``); ``warmed``: its signature's warmup record, if counted per
-        signature. Raises the runner's :class:`~graphmodule.CaptureError`.
-
-        Without CUDA the entry is an :class:`EagerEntry`, checked by a simulated capture."""
-        if self.checking is not None:
-            return self._checked(call, mode, warmed)
+        signature. Raises the runner's :class:`~graphmodule.CaptureError`. Without CUDA the entry
+        is an :class:`EagerEntry`, checked by a simulated capture (``_eager.checked_entry``)."""
         layer_hint = self.layer_hint if warmed is None else warmed.layer_hint
         warm_keys = self.warm_keys if warmed is None else warmed.keys
+        eager_keys = warm_keys if not self.entries else None
+        _untie_hook_weights(self.module)
+        if self.checking is not None:
+            entry = checked_entry(self.owner, self.module, call, mode, eager_keys, self.checking, self.runner,
+                                  self.stats)
+            self.entries.insert(0, entry)
+            return entry
         # outputs="safe" where the pool already holds a graph (another signature's, another
         # wrapper's): results lent from this capture's memory could sit where that graph
         # writes its temporaries. This call returns copies; the next one captures it again
         # with its results copied out of the pool (a twin of it, see _twin), which lends them.
         lend_later = self.lend and not layer_hint and self.runner.pool_in_use()
-        _untie_hook_weights(self.module)
         entry, _ = record(owner=self.owner, module=self.module, runner=self.runner, layout=call.layout,
                           leaves=call.leaves, mode=mode, clone=self.clone, lend=self.lend and not lend_later,
-                          texts=call.texts, objs=call.objs, eager_keys=warm_keys if not self.entries else None,
-                          alone=layer_hint)
+                          texts=call.texts, objs=call.objs, eager_keys=eager_keys, alone=layer_hint)
         self.entries.insert(0, entry)
         stats = self.stats
         stats.captures += 1
@@ -312,27 +314,11 @@ class Graphs:
                    lend_later=lend_later and entry.layer is None and bool(entry.plan.graph))
         return entry
 
-    def _checked(self, call: CallRead, mode: Any, warmed: Warming | None) -> EagerEntry:
-        """Without CUDA: ``call``'s signature captured as ``backend="simulate"`` captures it,
-        raising what that capture raises, then served eagerly (``_eager``); its call's result is
-        ``entry.finish(...)``."""
-        warm_keys = self.warm_keys if warmed is None else warmed.keys
-        _untie_hook_weights(self.module)
-        checks, _ = record(owner=self.owner, module=self.module, runner=self.checking, layout=call.layout,
-                           leaves=call.leaves, mode=mode, clone=True, texts=call.texts, objs=call.objs,
-                           eager_keys=warm_keys if not self.entries else None)
-        entry = EagerEntry.checked(checks, runner=self.runner, module=self.module, stats=self.stats)
-        self.entries.insert(0, entry)
-        self.stats.eager_calls += 1
-        return entry
-
     def eager(self, call: CallRead, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> tuple[EagerEntry, Any]:
         """``call``'s signature served eagerly, without a graph, after its capture failed with
         ``on_capture_failure="eager"``: its entry, the most recently used, and the call's
-        result (``ran``, where the call already ran, else run now).
-
-        What a capture refuses before running the function (autocast's cache over what the
-        graph reads, inference tensors autograd would save; ``watch``: what it reads, taken
+        result (``ran``, where the call already ran, else run now). What a capture refuses
+        before running the function (``_mode.check_capture``; ``watch``: what it reads, taken
         before the call) is refused here too."""
         args, kwargs = call.tree
         if ran is NOT_RUN:
