@@ -30,7 +30,9 @@ from ._entry import NOT_SERVED, REPLAY, Entry, decide
 from ._errors import WITHOUT_GRAPH, Mismatch
 from ._gradwatch import StatesOnly
 from ._record import CallRead, record
-from ._runners import CaptureResult, SimulatedRunner, _enter, _leave
+from ._runner_simulate import SimulatedRunner
+from ._runners import CaptureResult
+from ._scope import SCOPE
 from ._simulate import excusing_optimizer_syncs
 from ._spec import InputSpec
 from ._stale import Watch
@@ -150,11 +152,8 @@ def checked_entry(owner: str, module: Any, call: CallRead, mode: Any, eager_keys
 
 def _inline(body: Callable[[], Any]) -> Any:
     """``body()`` as inside a capture: a wrapper it calls runs inline (``_module``)."""
-    _enter()
-    try:
+    with SCOPE.capture():
         return body()
-    finally:
-        _leave()
 
 
 class _EagerOutputs:

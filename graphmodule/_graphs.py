@@ -32,7 +32,7 @@ from ._optim import stepping_capturable
 from ._options import AUTO_GRAPHS
 from ._outputsets import OutputSets
 from ._record import CallRead, leaf_keys, read_call, record
-from ._runners import Runner
+from ._runners import Kind, Runner
 from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
@@ -120,7 +120,7 @@ class Graphs:
         self.warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
         self.layer_hint = False  # the last warmup call returned tensors that track gradients (_grad)
         # without CUDA: what captures a signature's first call, to check it as a GPU would (_eager)
-        self.checking = None if runner.captures else CheckingRunner()
+        self.checking = None if runner.kind.captures else CheckingRunner()
 
     # -- finding a call's graph ----------------------------------------------------------
     def find(self, args: tuple, kwargs: dict, mode: Any) -> Found:
@@ -178,7 +178,7 @@ class Graphs:
         # the optimizers it steps made capturable before their first step, where exact (_optim)
         out = stepping_capturable(self.owner, self.module, self.runner.device,
                                   lambda: self.runner.run_eager(lambda: self.module(*args, **kwargs)),
-                                  simulated=self.runner.simulated)
+                                  simulated=self.runner.kind is Kind.SIMULATED)
         self.layer_hint = tracks_grad(out)
         if first:
             if self.returned_input is None and self.in_keys is not None and args:  # (a TensorDict module)
@@ -299,7 +299,7 @@ class Graphs:
         # wrapper's): results lent from this capture's memory could sit where that graph
         # writes its temporaries. This call returns copies; the next one captures it again
         # with its results copied out of the pool (a twin of it, see _twin), which lends them.
-        lend_later = self.lend and not layer_hint and self.runner.pool_in_use()
+        lend_later = self.lend and not layer_hint and self.runner.pool.in_use()
         entry, _ = record(owner=self.owner, module=self.module, runner=self.runner, layout=call.layout,
                           leaves=call.leaves, mode=mode, clone=self.clone, lend=self.lend and not lend_later,
                           texts=call.texts, objs=call.objs, eager_keys=eager_keys, alone=layer_hint)
@@ -387,13 +387,13 @@ class Graphs:
 
     def debug_dump(self, path: str) -> list[str]:
         """Each graph's structure to ``path`` (one graph) or ``path`` with ``.n`` before its
-        suffix (graph ``n``, most recently used first); the paths written."""
+        suffix (graph ``n``, most recently used first); the paths written (``debug=True``)."""
         root, ext = os.path.splitext(os.fspath(path))
         entries = self.captured()
         n = len(entries)
         paths = [os.fspath(path)] if n == 1 else [f"{root}.{k}{ext}" for k in range(n)]
         for entry, where in zip(entries, paths):
-            self.runner.debug_dump(entry.handle, where, self.owner)
+            entry.dump(where)
             if not os.path.exists(where):
                 raise GraphStateError(f"torch wrote no file at {where} for {self.owner}'s graph.")
         return paths

@@ -47,7 +47,8 @@ from ._optim import explain as explain_optimizers
 from ._options import Options, State
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
-from ._runners import capturing, collect_before_next_capture, make_runner
+from ._backend import make_runner
+from ._scope import SCOPE
 from ._stale import Watch
 from ._stats import GraphStats
 from ._surface import WrapperSurface
@@ -202,7 +203,7 @@ class CudaGraphModule(WrapperSurface):
         with self._lock:  # (not while another thread's call replays them)
             self._graphs.release()
             if self._failure is not None:  # its traceback holds the failed capture's objects
-                collect_before_next_capture()
+                SCOPE.collect_before_next_capture()
             self._reset_state()
 
     # -- calls -------------------------------------------------------------------------
@@ -279,7 +280,7 @@ class CudaGraphModule(WrapperSurface):
         self._runner.new_caller()
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
-        if capturing():  # called inside another wrapper's capture: record inline into it
+        if SCOPE.inside():  # called inside another wrapper's capture: record inline into it
             self._stats.inline_calls += 1
             return self.module(*args, **kwargs)
         if self._state is State.FAILED:

@@ -18,9 +18,11 @@ Anything found that a replay could not reproduce raises before the graph is used
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import contextlib
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
+from torch.nn.utils import parametrize as _parametrize
 
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry
@@ -153,6 +155,23 @@ def global_settings() -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _own_parametrize_cache() -> Iterator[None]:
+    """A capture inside ``torch.nn.utils.parametrize.cached()`` caches the parametrized
+    tensors it computes in a cache of its own, dropped after it: the graph records their
+    computation, as a capture outside the region does, and replays it at every call. The
+    region's cached tensors were computed by another call (a warmup call): read by the graph,
+    they would be read at every replay, after the region ended and the parameters changed."""
+    if not _parametrize._cache_enabled:
+        yield
+        return
+    region, _parametrize._cache = _parametrize._cache, {}
+    try:
+        yield
+    finally:
+        _parametrize._cache = region
+
+
 def _same_settings(owner: str, before: dict[str, Any]) -> None:
     """The capturing call left torch's global state as it found it: eagerly each call sets it
     again, a replay (GPU work only) would not."""
@@ -197,6 +216,16 @@ def _outputs_as_eagerly(owner: str, builder: PlanBuilder, grad: bool, trains: Ma
             "torch.no_grad() inside the function.",
         )
     return enables_grad
+
+
+def _undo(hooks: HookEffects, bindings: Bindings, python: PythonEffects) -> None:
+    """After a capture that failed: what the call bound and changed in Python put back (the
+    runner put back the memory it wrote), so that the call runs eagerly next, or is refused,
+    as if not made (a ``.grad`` it bound would be memory a CUDA capture never computed)."""
+    hooks.close()
+    bindings.close()
+    bindings.undo()
+    python.undo()
 
 
 def mode_reader(watch: Watch) -> ModeReader:
@@ -251,17 +280,21 @@ def record(
 
     body = lambda: module(*args, **kwargs)  # noqa: E731
     twin = CopyOut(like, materialized) if like is not None else None
+    # the hooks a call runs, each run under effect discovery (first: Bindings' own are not judged)
+    hooks = HookEffects(before.hook_dicts())
     bindings = Bindings(before)  # .grad and attributes, to find what the function rebinds
     settings = global_settings()  # torch's global state: a replay would not set it again
-    hooks = HookEffects(before.modules, backward=grad)  # the modules' hooks, each run under effect discovery
     try:
-        if twin is None:
-            captured = runner.capture(body, owner, alone=lend or alone)
-        else:
-            captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
-    finally:
-        hooks.close()  # (before the probes go: what a refused hook changed is put back as it was)
-        bindings.close()
+        with _own_parametrize_cache():
+            if twin is None:
+                captured = runner.capture(body, owner, alone=lend or alone)
+            else:
+                captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+    except BaseException:
+        _undo(hooks, bindings, python)
+        raise
+    hooks.close()  # (before the probes go: what a refused hook changed is put back as it was)
+    bindings.close()
     handle, out = captured.handle, captured.out
     try:
         hooks.refuse(owner)
@@ -319,6 +352,8 @@ def record(
         capture_bytes=captured.bytes + (layer.capture_bytes if layer is not None else 0)
         + (twin.nbytes if twin is not None else 0),
         capture_seconds=captured.seconds + (layer.capture_seconds if layer is not None else 0.0),
+        cuda_graph=captured.cuda_graph,
+        dump=captured.dump,
     )
     return entry, materialized
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from graphmodule import CaptureError, CudaGraphModule
-from graphmodule._runners import SimulatedRunner
+from graphmodule._runner_simulate import SimulatedRunner
 
 
 def _twins(module: nn.Module) -> tuple[nn.Module, nn.Module]:
