@@ -43,6 +43,8 @@ with :func:`register`; ``tests/test_scenarios.py`` fuzzes every registered focus
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 import os
 from contextlib import nullcontext
@@ -187,7 +189,9 @@ def refusal(err: BaseException) -> str:
     (a failed capture: its cause and place; the original error's text is the runner's)."""
     if isinstance(err, CaptureError):
         return f"CaptureError ({err.cause}) at {err.where}"
-    return f"{type(err).__name__}: {in_graph_words(str(err))}"
+    # (an error that repeats an earlier failed capture's: that capture's original error text cut)
+    text = re.sub(r"(failed to capture its CUDA graph at [^:]+:\d+ in \S+): [^\n]*", r"\1", str(err))
+    return f"{type(err).__name__}: {in_graph_words(text)}"
 
 
 def _ended(label: str, err: BaseException) -> str:
