@@ -43,10 +43,9 @@ with :func:`register`; ``tests/test_scenarios.py`` fuzzes every registered focus
 
 from __future__ import annotations
 
-import re
-
 import dataclasses
 import os
+import re
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
