@@ -213,7 +213,10 @@ class _Cell:
             self.cell.cell_contents = value
 
 
-def _global_names(code: types.CodeType) -> set[str]:
+@functools.lru_cache(maxsize=4096)
+def _global_names(code: types.CodeType) -> frozenset[str]:
+    """The global names ``code`` and the code nested in it load or store. Memoized: a code
+    object never changes, and every walk of a function reads its bytecode (several a capture)."""
     names = set()
     for ins in dis.get_instructions(code):
         if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL"):
@@ -221,7 +224,7 @@ def _global_names(code: types.CodeType) -> set[str]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _global_names(const)
-    return names
+    return frozenset(names)
 
 class Discovery:
     """Everything the graph reads from outside its inputs, found from ``fn``: the watched

@@ -140,12 +140,13 @@ class EagerEntry:
 
 
 def checked_entry(owner: str, module: Any, call: CallRead, mode: Any, eager_keys: list | None, checking: CheckingRunner,
-                  runner: Any, stats: Any) -> EagerEntry:
+                  runner: Any, stats: Any, found: Any = None) -> EagerEntry:
     """Without CUDA: the signature of ``call``, captured by ``checking`` as ``backend="simulate"``
     captures it, raising what that capture raises (``_record.record``: one code refuses for both),
-    then served eagerly by ``runner``; the call's result is ``entry.finish(...)``."""
+    then served eagerly by ``runner``; the call's result is ``entry.finish(...)`` (``found``: as
+    ``record``'s)."""
     checks, _ = record(owner=owner, module=module, runner=checking, layout=call.layout, leaves=call.leaves,
-                       mode=mode, clone=True, texts=call.texts, objs=call.objs, eager_keys=eager_keys)
+                       mode=mode, clone=True, texts=call.texts, objs=call.objs, eager_keys=eager_keys, found=found)
     stats.eager_calls += 1
     return EagerEntry.checked(checks, runner=runner, module=module, stats=stats)
 
