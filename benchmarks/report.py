@@ -9,11 +9,11 @@ device, one date), as ``run.py --out`` writes it:
 - ``environment.json``: the device, the date and the versions;
 - ``side_by_side.json``: one call of each workload under each variant (``side_by_side.py``);
 - ``programs.md``: rows of ``programs.py --interleaved`` tables, one row per run;
-- ``memory.json``: ``memory.py``'s graphs in one pool against one pool each;
-- ``examples/table.md`` and its plots: the training examples (``examples/results_table.py``).
+- ``capture.json``: ``capture.py``'s capture times and the memory of graphs in one pool against one pool each;
+- ``examples/table.md`` and its plots: the training examples (``benchmarks/results_table.py``).
 
 RESULTS.md holds the current numbers only: to update it, replace the folders and run this
-again. ``results/published-reference/`` (``published_reference.py``) is linked, not copied.
+again.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ Reproduce on a machine with a CUDA GPU (with the test extra installed: tensordic
 pytest-benchmark; matplotlib for the chart):
 
 ```bash
-python benchmarks/run.py --out benchmarks/results/DATE-GPU   # the side-by-side table, the programs' A/B, memory
+python benchmarks/run.py --out benchmarks/results/DATE-GPU   # the side-by-side table, the programs' A/B, capture cost
 python benchmarks/report.py                                   # this file, from benchmarks/results/
 ```
 
@@ -133,13 +133,25 @@ def programs_table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def memory_table(rows: list[dict]) -> str:
-    lines = ["| graphs of a 4-layer MLP, one per batch size | reserved MiB | allocated MiB | pool MiB (`stats.pool_bytes`) |",
-             "|---|---:|---:|---:|"]
-    for row in rows:
-        how = (f"one wrapper, `max_graphs={row['k']}` (one pool)" if row["shared"]
-               else f"{row['k']} wrappers ({row['k']} pools)")
-        lines.append(f"| {how} | {row['reserved_mib']:.1f} | {row['allocated_mib']:.1f} | {row['pool_mib']:.1f} |")
+CAPTURE_KINDS = ("hand", "first", "recapture", "output_set", "signature")
+CAPTURE_WORKLOADS = {"policy": "MLP policy, batch 1", "sac": "SAC update (critic + actor, Adam), batch 256",
+                     "ppo": "PPO minibatch update (clipped loss, Adam), batch 64"}
+
+
+def capture_table(result: dict) -> str:
+    lines = ["| workload | by hand (CUDA's own) | first capture | recapture (stale) | another output set "
+             "| another signature |", "|---|---:|---:|---:|---:|---:|"]
+    for name, times in result["times"].items():
+        cells = " | ".join(f"{times[k] * 1e3:.1f}" if k in times else "—" for k in CAPTURE_KINDS)
+        lines.append(f"| {CAPTURE_WORKLOADS[name]} | {cells} |")
+    lines += ["", "| workload | graphs (batch 1, 2, 4, ...) | one wrapper (one pool): reserved / pool MiB | k wrappers (k pools): "
+              "reserved / pool MiB |", "|---|---:|---:|---:|"]
+    rows = {(r["workload"], r["k"], r["shared"]): r for r in result["memory"]}
+    for (name, k, shared), r in rows.items():
+        if shared:
+            o = rows[(name, k, False)]
+            lines.append(f"| {CAPTURE_WORKLOADS[name]} | {k} | {r['reserved_mib']:.1f} / {r['pool_mib']:.1f} "
+                         f"| {o['reserved_mib']:.1f} / {o['pool_mib']:.1f} |")
     return "\n".join(lines)
 
 
@@ -180,11 +192,14 @@ def render(results_dir: str = RESULTS_DIR, charts: bool = True) -> str:
                      f"wrapped function: `benchmarks/{rel}/{name}/programs.md`.\n")
 
     for name, env in found:
-        path = os.path.join(results_dir, name, "memory.json")
+        path = os.path.join(results_dir, name, "capture.json")
         if os.path.exists(path):
-            parts.append("## Memory: several graphs in one pool\n\n`benchmarks/memory.py`: a wrapper's graphs "
-                         "share one memory pool; separate wrappers have one each (`pool=` shares one between "
-                         f"wrappers). {describe(env)}.\n\n{memory_table(load_json(path))}\n")
+            result = load_json(path)
+            parts.append("## Capture cost\n\n`benchmarks/capture.py`: the call that captures, wall time with the GPU "
+                         f"synchronised, ms, median of {result['repeats']} fresh wrappers; beside it CUDA's own cost "
+                         "(the same function captured by hand). Then the device memory of k graphs (batch sizes 1, 2, 4, "
+                         "..., one each) held by one wrapper (`max_graphs=k`, one pool) against k wrappers (k pools). "
+                         f"{describe(env)}.\n\n{capture_table(result)}\n")
 
     for name, env in found:
         folder = os.path.join(results_dir, name, "examples")
@@ -194,14 +209,8 @@ def render(results_dir: str = RESULTS_DIR, charts: bool = True) -> str:
             plots = "".join(f"\n![{p[:-4]}]({rel}/{name}/examples/{p})\n" for p in sorted(os.listdir(folder))
                             if p.endswith(".png"))
             parts.append("## Training examples\n\n`examples/train_ppo.py` and `examples/train_sac.py` in every mode "
-                         "(`python examples/results_table.py DIR --goals` wrote this table), each run capped at "
+                         "(`python benchmarks/results_table.py DIR --goals` wrote this table), each run capped at "
                          f"15-40 s. {describe(env)}.\n\n{table}\n{plots}")
-
-    if os.path.exists(os.path.join(results_dir, "published-reference", "published_reference.md")):
-        parts.append("## The published configurations, for reference\n\nThe env steps the published CleanRL "
-                     "configurations need to reach a return of -200 on gymnasium's Pendulum-v1 "
-                     f"(`benchmarks/published_reference.py`): `benchmarks/{rel}/published-reference/"
-                     "published_reference.md`.\n")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(parts)).rstrip() + "\n"
 
 

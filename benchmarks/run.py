@@ -13,10 +13,11 @@ On a machine with a CUDA GPU:
 2. *Programs* (``programs.py --interleaved``): TD3, SAC and PPO training loops, each run with
    graphmodule and tensordict's wrapper around every wrapped function, switched every
    ``--interleaved`` iterations; ``--runs`` runs per program.
-3. *Memory* (``memory.py``): graphs in one pool against one pool each.
+3. *Capture cost* (``capture.py``): the time of each kind of capture, and the memory of 1, 4
+   and 16 graphs in one pool against one pool each.
 
 Each part prints its table and writes its raw file under ``--out`` (``environment.json``,
-``side_by_side.json``, ``programs.md``, ``memory.json``): the files ``report.py`` reads.
+``side_by_side.json``, ``programs.md``, ``capture.json``): the files ``report.py`` reads.
 ``--smoke`` runs every part at tiny sizes (no GPU needed; the numbers mean nothing).
 """
 
@@ -35,7 +36,7 @@ if HERE not in sys.path:
 
 from report import describe, programs_table, program_rows  # noqa: E402  (no torch imported here)
 
-PARTS = ("side-by-side", "programs", "memory")
+PARTS = ("side-by-side", "programs", "capture")
 ENVIRONMENT = r"""
 import json, sys, time, optree, tensordict, torch
 cuda = torch.cuda.is_available()
@@ -94,8 +95,9 @@ def programs(out: str, names: str, runs: int, block: int, smoke: bool, timeout: 
     return ok
 
 
-def memory(out: str) -> bool:
-    return subprocess.run([sys.executable, os.path.join(HERE, "memory.py"), "--out", out], check=False).returncode == 0
+def capture(out: str, smoke: bool) -> bool:
+    cmd = [sys.executable, os.path.join(HERE, "capture.py"), "--out", out] + (["--smoke"] if smoke else [])
+    return subprocess.run(cmd, check=False).returncode == 0
 
 
 def main(argv=None) -> int:
@@ -125,8 +127,8 @@ def main(argv=None) -> int:
         # smoke runs are a few iterations long: blocks of 2 so that both wrappers get some
         ok = programs(args.out, args.programs, 1 if args.smoke else args.runs, 2 if args.smoke else args.interleaved,
                       args.smoke, args.timeout) and ok
-    if "memory" in parts and not args.smoke:
-        ok = memory(args.out) and ok
+    if "capture" in parts:
+        ok = capture(args.out, args.smoke) and ok
     print(f"\nraw files in {args.out}; RESULTS.md from them: python benchmarks/report.py "
           f"(after moving the folder under benchmarks/results/)")
     return 0 if ok else 1

@@ -66,3 +66,20 @@ def test_entry_point_without_cuda_says_what_it_needs(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "No CUDA GPU here: the floor, tensordict's wrapper and torch.compile's CUDA graphs need one." in proc.stdout
     assert json.loads((tmp_path / "environment.json").read_text())["gpu"] == "no CUDA (CPU)"
+
+
+def test_capture_cost_runs_each_kind_of_capture_and_writes_what_the_report_reads(tmp_path):
+    """``capture.py --smoke`` (simulated): every workload makes each kind of capture it times
+    (it asserts the counters moved), and the report renders its file."""
+    from report import capture_table
+
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "capture.py"), "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "capture.json").read_text())
+    assert set(result["times"]) == {"policy", "sac", "ppo"}
+    assert all(set(t) == {"first", "recapture", "output_set", "signature"} for t in result["times"].values())
+    assert {(r["workload"], r["k"], r["shared"]) for r in result["memory"]} == {
+        (w, k, s) for w in ("policy", "sac", "ppo") for k in (1, 2) for s in (True, False)}
+    rows = [line for line in capture_table(result).splitlines() if line.startswith("| ") and "workload" not in line]
+    assert len(rows) == 3 + 3 * 2  # a time row per workload; a memory row per workload and graph count

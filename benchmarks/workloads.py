@@ -93,8 +93,8 @@ def sac_update(device, batch=256):
     q2_t.load_state_dict(q2.state_dict())
     actor = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 2 * ACT)).to(device)
     q_params = list(q1.parameters()) + list(q2.parameters())
-    q_opt = torch.optim.Adam(q_params, lr=3e-4, capturable=True)
-    a_opt = torch.optim.Adam(actor.parameters(), lr=3e-4, capturable=True)
+    q_opt = torch.optim.Adam(q_params, lr=3e-4, capturable=torch.device(device).type == "cuda")
+    a_opt = torch.optim.Adam(actor.parameters(), lr=3e-4, capturable=torch.device(device).type == "cuda")
     target_params = list(q1_t.parameters()) + list(q2_t.parameters())
     gamma, tau, alpha = 0.99, 0.005, 0.2
 
@@ -128,12 +128,49 @@ def sac_update(device, batch=256):
             torch._foreach_lerp_(target_params, q_params, tau)
         return q_loss.detach(), a_loss.detach()
 
+    update.replaceable = q1_t  # a module whose parameter a benchmark may replace (no optimizer holds it)
     args = (
         torch.randn(batch, OBS, device=device),
         torch.rand(batch, ACT, device=device) * 2 - 1,
         torch.randn(batch, 1, device=device),
         torch.randn(batch, OBS, device=device),
         torch.zeros(batch, 1, device=device),
+    )
+    return Case(update, args, {}, grad=True, warmup=3)
+
+
+def ppo_update(device, batch=64):
+    """One PPO minibatch update: Gaussian actor and critic, clipped surrogate, value loss,
+    entropy bonus, gradient clipping and an Adam step."""
+    torch.manual_seed(0)
+    actor = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, ACT)).to(device)
+    critic = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1)).to(device)
+    log_std = nn.Parameter(torch.zeros(ACT, device=device))
+    params = [*actor.parameters(), *critic.parameters(), log_std]
+    opt = torch.optim.Adam(params, lr=3e-4, eps=1e-5, capturable=torch.device(device).type == "cuda")
+    clip, vf_coef, ent_coef = 0.2, 0.5, 0.01
+
+    def update(obs, act, old_logp, adv, ret):
+        dist = torch.distributions.Normal(actor(obs), log_std.exp(), validate_args=False)
+        logp = dist.log_prob(act).sum(-1)
+        ratio = (logp - old_logp).exp()
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+        v_loss = 0.5 * (critic(obs).squeeze(-1) - ret).pow(2).mean()
+        loss = pg_loss + vf_coef * v_loss - ent_coef * dist.entropy().sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        return loss.detach()
+
+    update.replaceable = critic
+    args = (
+        torch.randn(batch, OBS, device=device),
+        torch.rand(batch, ACT, device=device) * 2 - 1,
+        torch.randn(batch, device=device),
+        torch.randn(batch, device=device),
+        torch.randn(batch, device=device),
     )
     return Case(update, args, {}, grad=True, warmup=3)
 

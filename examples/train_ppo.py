@@ -1,6 +1,6 @@
 """PPO on a batched torch Pendulum: a whole training iteration as one CUDA graph.
 
-    python examples/train_ppo.py --mode graph --out results/      # then: examples/results_table.py results/
+    python examples/train_ppo.py --mode graph --out results/      # then: benchmarks/results_table.py results/
     python examples/train_ppo.py --mode eager --envs 1 --rollout 1024 --minibatch 64
     python examples/train_ppo.py --smoke --mode graph              # a few seconds on a CPU
 

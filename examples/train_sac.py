@@ -1,6 +1,6 @@
 """SAC on a batched torch Pendulum: env steps and updates as CUDA graphs.
 
-    python examples/train_sac.py --mode graph --out results/      # then: examples/results_table.py results/
+    python examples/train_sac.py --mode graph --out results/      # then: benchmarks/results_table.py results/
     python examples/train_sac.py --mode eager --envs 64 --steps 640000 --max-seconds 60
     python examples/train_sac.py --smoke --mode graph              # a few seconds on a CPU
 

@@ -17,7 +17,9 @@ Modules, one concept each:
   that differ from the held graphs only in Python values and modes, up to 8.
 - ``_entry``: one captured graph as one value; ``decide``, whether a call replays it (the
   one decision every path takes); the replay path.
-- ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's place.
+- ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's
+  place; without CUDA, checked by a simulated capture of its first call, so that it is refused
+  where a GPU's graph would be, with the same messages.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
 - ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
 - ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.
@@ -39,15 +41,21 @@ Modules, one concept each:
   changes, refused at capture).
 - ``_stale``: the check, at every call, that what it reads is unchanged
   (``_dictwatch``: the dict watchers that let it skip what did not change).
-- ``_hooks``: module hooks, whose Python a replay would not run: judged at capture by what
-  they do (served, or refused naming the hook), watched after; ``allow_hook``.
+- ``_hooks``: hooks, whose Python a replay would not run: judged at capture by what they do
+  (served, or refused naming the hook); ``allow_hook`` (``_hookdicts``: the hook dicts a call
+  runs, its modules', parameters' and optimizers', and the watch that they hold the captured
+  hooks).
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_optim``: optimizers the function steps, made capturable before their first step (as
   torch.compile does) where exact; the cause and the fix where not.
 - ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode, default dtype,
   deterministic algorithms: part of the signature.
-- ``_runners``: the only module that touches CUDA graphs, streams and pools: one protocol,
-  three runners (CUDA, simulated on any device, eager).
+- ``_runners``: the runner protocol the wrapper calls (run eagerly, capture, replay,
+  release, the pool, the streams; what a runner has beyond it comes back as values in the
+  ``CaptureResult``) and the eager runner. ``_runner_cuda``: the CUDA runner, the only code
+  that touches CUDA graphs, streams and pools; ``_runner_simulate``: the simulated runner;
+  ``_backend``: the runner a backend name asks for; ``_scope``: what captures share in the
+  process (``SCOPE``: which thread captures, one capture at a time, the pools in use).
 - ``_simulate``: the simulated graph: the tensor operations a capture dispatched, replayed
   with no Python, as a GPU replays its kernels; host syncs refused as CUDA refuses them.
 - ``_diagnose``: the likely cause of a failed capture.

@@ -26,7 +26,6 @@ call; Python state the function *changes* is refused at capture (``_pyeffects``)
 
 from __future__ import annotations
 
-import dis
 import functools
 import types
 from typing import Any, Callable
@@ -35,9 +34,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from ._hooks import attributes_read, describe_hook, hook_dicts, pure
+from ._hookdicts import HookDict, describe_hook, hook_dicts
+from ._hooks import attributes_read, pure
 from ._places import MAX_ARRAY_BYTES, SCALARS, ArrayContent, Contents, Structure, is_array, is_value
 from ._reads import ReadsWalk, internal
+from ._reads import global_names as _global_names  # (the name _pyeffects imports)
 from ._surface import WrapperSurface
 
 __all__ = ["Discovery", "MAX_DEPTH"]
@@ -86,16 +87,6 @@ class _Cell:
             self.cell.cell_contents = value
 
 
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set()
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL"):
-            names.add(ins.argval)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
 class Discovery(ReadsWalk):
     """Everything the graph reads from outside its inputs, found from ``fn``: the watched
     places, each as ``(container, key, what it held, label)`` in three lists by kind
@@ -136,9 +127,18 @@ class Discovery(ReadsWalk):
         self._globals: set[int] = set()  # modules' globals: scripts rebind them all the time
         self.functions: list[tuple[Callable, str]] = []
         self.modules: list[tuple[nn.Module, str]] = []
+        self.leaves: list[tuple[torch.Tensor, str]] = []  # (backward_hooks) leaves requiring grad: their hooks
         self._reads_init()
         self._visit(fn, label or ("module" if isinstance(fn, nn.Module) else "the wrapped callable"), 0)
+        if backward_hooks:
+            self._leaf_hooks()
         self.known = frozenset(self._seen)  # objects that exist outside the call
+
+    def hook_dicts(self) -> list[HookDict]:
+        """The hook dicts a call runs (``_hookdicts``): those of the modules, optimizers and,
+        with ``backward_hooks``, of the leaves that require grad."""
+        return hook_dicts(self.modules, self._backward_hooks, self.leaves,
+                          list(zip(self.optimizers, self.optimizer_places)))
 
     def _bind(self, container: Any, key: Any, value: Any, label: str, depth: int, scalars: bool = True) -> None:
         """Watch ``container[key]`` (now ``value``), then what ``value`` leads to (``scalars``:
@@ -290,33 +290,42 @@ class Discovery(ReadsWalk):
                 else:
                     self._held(attrs, name, value, f"{where}.{name}")
             self._seen.add(id(m))
-            self._hooks(m, where, depth)
+            self._hooks(hook_dicts([(m, where)], self._backward_hooks), depth)
             for klass in type(m).__mro__:  # the forwards of the user's classes: what their code reads
                 if "forward" in vars(klass):
                     self._method(vars(klass)["forward"], m, where, depth)
 
-    def _hooks(self, m: nn.Module, where: str, depth: int) -> None:
-        """The Python hooks a call of ``m`` runs (its own, and the global ones), walked as the
-        function is: a replay baked in what they read, as what the function reads. Besides,
-        the attributes their code reads off the module they are given and off their ``self``
-        (found in their bytecode), Python scalars by value: a hook's branch on a flag it reads
-        there (``if not all(module._has_update_associated.values()): warn``) changes with it."""
-        for d in hook_dicts([(m, where)], self._backward_hooks):
+    def _hooks(self, dicts: list[HookDict], depth: int) -> None:
+        """The Python hooks a call runs (a module's and the global ones, an optimizer's, a
+        parameter's), walked as the function is: a replay baked in what they read, as what the
+        function reads. Besides, the attributes their code reads off the module or optimizer
+        they are given and off their ``self`` (found in their bytecode), Python scalars by
+        value: a hook's branch on a flag it reads there (``if not
+        all(module._has_update_associated.values()): warn``) changes with it."""
+        for d in dicts:
             for hook in list(d.hooks.values()):
                 if pure(hook):
                     continue
                 label = f"{d.where}: {describe_hook(d, hook)}"
                 reads = attributes_read(hook)
-                attrs = vars(m)
-                for name in sorted(reads.module):
-                    if name in attrs and name != "training":
-                        self._bind(attrs, name, attrs[name], f"{where}.{name} (read by {label})", depth)
+                if not d.is_global and isinstance(d.owner, (nn.Module, torch.optim.Optimizer)):
+                    attrs = vars(d.owner)
+                    for name in sorted(reads.module):
+                        if name in attrs and name != "training":
+                            self._bind(attrs, name, attrs[name], f"{d.where}.{name} (read by {label})", depth)
                 if reads.bound is not None:
                     attrs = vars(reads.bound)
                     for name in sorted(reads.bound_names):
                         if name in attrs:
                             self._bind(attrs, name, attrs[name], f"self.{name} of {label}", depth)
                 self._visit(hook, label, depth + 1)  # (after: what it reads is named after the hook)
+
+    def _leaf_hooks(self) -> None:
+        """The leaves that require grad (parameters), whose hooks a backward inside the graph
+        runs: kept, their hooks walked."""
+        labels = self.labels()
+        self.leaves = [(t, labels[id(t)]) for t in list(self.externals.values()) if t.is_leaf and t.requires_grad]
+        self._hooks(hook_dicts([], True, self.leaves), 0)
 
     def _optimizer(self, opt: torch.optim.Optimizer, label: str, depth: int) -> None:
         self.optimizers.append(opt)
@@ -328,6 +337,7 @@ class Discovery(ReadsWalk):
             lst.append(item)
         for lst, item in zip(self._o, (attrs, "state", opt.state, f"{label}.state")):
             lst.append(item)
+        self._hooks(hook_dicts([], False, optimizers=[(opt, label)]), depth)  # its step hooks, torch's global ones
         place = Structure(opt)  # groups, their parameters, which have state and require grad
         for lst, item in zip(self._v, (place, None, place, f"{label}'s structure")):
             lst.append(item)

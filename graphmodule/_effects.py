@@ -288,8 +288,7 @@ def collect_call(out_recipe: Any, ops: list, out: Any, targets: list, found: dic
     """The fresh tensors at the graph-output places of a run of the function: in what it
     returned (``out``), in the containers its effects (``ops``) write (``targets``, as
     handed to it), and what it bound outside the call (``targets``: the tensors whose
-    ``.grad``, the dict whose entry, it rebinds). For simulated replays, and a twin's
-    copies (``_twin``)."""
+    ``.grad``, the dict whose entry, it rebinds): what a twin copies out (``_twin``)."""
     collect(out_recipe, out, found)
     for op, target in zip(ops, targets):
         if op.kind is TD:

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 
 from ._dispatch import add_required, stand_in
-from ._runners import _DEPTH, capturing
+from ._scope import SCOPE
 from ._effects import TD, Effects
 from ._errors import Mismatch
 from ._inputs import (
@@ -75,7 +75,7 @@ def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict,
         return STALE, split
     if not (entry.plain or entry.extra_ok(*split)):  # (split: the leaves and slot values)
         return REFUSED, split
-    if _DEPTH[0] and capturing():
+    if SCOPE.depth and SCOPE.inside():
         return INLINE, split
     return REPLAY, split
 
@@ -105,6 +105,8 @@ class Entry:
         layer: Any = None,
         capture_bytes: int = 0,
         capture_seconds: float = 0.0,
+        cuda_graph: Any = None,
+        dump: Any = None,
     ):
         self.spec, self.mode = spec, spec.mode
         # a graph used as a layer: its backward graph, and the autograd node outputs join (_grad)
@@ -115,6 +117,9 @@ class Entry:
         # device memory the graph added: what its capture added to the pool, and output
         # buffers of its own outside any pool (a twin's, see _twin)
         self.capture_bytes, self.capture_seconds = capture_bytes, capture_seconds
+        # what the runner made beyond the handle (CaptureResult): the torch.cuda.CUDAGraph,
+        # and what writes its structure (None where it has none)
+        self.cuda_graph, self.dump = cuda_graph, dump
         self.stride_checked = sorted(stride_checked)
         self.stride_facts = [inputs.leaves[i].stride() for i in self.stride_checked]
         # inputs aliasing each other matter when the graph writes into inputs, or was
@@ -245,7 +250,7 @@ class Entry:
 
     def release(self) -> None:
         self.runner.release(self.handle)
-        self.handle = None
+        self.handle = self.cuda_graph = self.dump = None
         if self.layer is not None:
             self.layer.release()
         if self.outputs is not None:

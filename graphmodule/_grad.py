@@ -33,7 +33,7 @@ What the node refuses, with an error instead of wrong gradients:
 
 Memory: a forward's activations must stay as it left them until its backward. A call whose
 warmup result tracked gradients is captured where no other graph writes (as lent outputs
-are, see ``_runners``); the backward graph, whose results are consumed within the backward
+are, see ``_runner_cuda``); the backward graph, whose results are consumed within the backward
 pass, goes in the shared pool. It is run once eagerly on the captured forward's activations
 before its capture (no second forward), so that what it uses initialises outside the capture.
 

@@ -1,9 +1,9 @@
-"""Module hooks: Python that every eager call runs, and a replay would not.
+"""Hooks: Python that every eager call runs, and a replay would not.
 
-A hook on a module the graph runs (``register_forward_pre_hook``, ``register_forward_hook``,
-the full backward hooks, and the global ``register_module_forward_hook`` family) runs its
-Python at every eager call; a replay runs none. Hooks are judged by what they do, as the
-function is:
+A hook on what the graph runs (its modules' hooks and torch's global module hooks; where it runs
+a backward, its parameters' ``register_hook`` and ``register_post_accumulate_grad_hook``; the
+step hooks of its optimizers and torch's global ones: ``_hookdicts``) runs its Python at every
+eager call; a replay runs none. Hooks are judged by what they do, as the function is:
 
 - what a hook reads is found by the walk from the function (``_discover``: its closures,
   globals and ``self``, and the attributes its code reads off its module), and watched after
@@ -11,31 +11,19 @@ function is:
 - what it changes is found while the capture runs it (:class:`HookEffects`: a snapshot of
   the Python state it can change around each of its calls). A hook that changed Python state
   (appended to a list, counted, stored a Python value) is refused naming it, its changes put
-  back; one that only computes tensors (recorded by the capture), reads or warns is served.
-  Its warning is raised at the warmup calls and the capture, which run the function eagerly.
+  back; one that only computes tensors (recorded by the capture: a gradient scaled, an average
+  of the weights updated after each step), reads or warns is served. Its warning is raised at
+  the warmup calls and the capture, which run the function eagerly.
 - :func:`allow_hook` marks a hook whose Python effects may run at the warmup calls and the
   capture only.
 
 Backward hooks are judged where the graph runs the backward itself (a train step); a graph
-used as a layer refuses them (``_grad``: its backward replays apart from the capture). torch's
-own hooks that compute a weight from parameters (:func:`pure`) are served without the run.
-The weights they keep from an earlier call are detached before warmup calls and captures
-(:func:`detach_hook_weights`: their autograd graph ties autograd to another stream). Hooks
-added or removed after the capture make the graph stale (:class:`HookWatch`, read by
-:class:`~graphmodule._stale.Watch`).
-
-A hook added or removed anywhere moves torch's ``RemovableHandle.next_id`` (every
-registration takes an id): a check reads that one number, and compares the hook dicts only
-after it moved. A hook written straight into a hook dict, without its ``register_*``
-function, goes unseen until then.
-
-    >>> import torch
-    >>> from graphmodule._hooks import HookWatch
-    >>> net = torch.nn.Linear(2, 2)
-    >>> watch = HookWatch([(net, "module")], backward=False)
-    >>> handle = net.register_forward_hook(lambda m, i, o: None)
-    >>> watch.same(), watch.changes()[0][0]
-    (False, 'module')
+used as a layer refuses module backward hooks (``_grad``: its backward replays apart from the
+capture) and runs its parameters' hooks eagerly. torch's own hooks that compute a weight from
+parameters (:func:`pure`) are served without the run. The weights they keep from an earlier
+call are detached before warmup calls and captures (:func:`detach_hook_weights`: their autograd
+graph ties autograd to another stream). Hooks added or removed after the capture make the
+graph stale (``_hookdicts.HookWatch``, read by :class:`~graphmodule._stale.Watch`).
 """
 
 from __future__ import annotations
@@ -48,49 +36,11 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _nn_module
-from torch.utils.hooks import RemovableHandle
 
 from ._errors import UnsupportedError
+from ._hookdicts import OPTIMIZER_KINDS, TENSOR_KINDS, HookDict, describe_hook
 
-__all__ = ["HookDict", "HookEffects", "HookWatch", "allow_hook", "allowed", "attributes_read", "describe_hook",
-           "detach_hook_weights", "hook_dicts", "pure"]
-
-
-class _Kind(NamedTuple):
-    attribute: str  # the module's dict of such hooks
-    name: str
-    register: str  # what registers one on a module
-    global_attribute: str  # torch.nn.modules.module's dict of such hooks on every module
-    global_register: str
-    backward: bool  # run by a backward only
-
-
-KINDS = (
-    _Kind("_forward_pre_hooks", "forward pre-hook", "register_forward_pre_hook", "_global_forward_pre_hooks",
-          "register_module_forward_pre_hook", False),
-    _Kind("_forward_hooks", "forward hook", "register_forward_hook", "_global_forward_hooks",
-          "register_module_forward_hook", False),
-    _Kind("_backward_pre_hooks", "backward pre-hook", "register_full_backward_pre_hook",
-          "_global_backward_pre_hooks", "register_module_full_backward_pre_hook", True),
-    _Kind("_backward_hooks", "backward hook", "register_full_backward_hook", "_global_backward_hooks",
-          "register_module_full_backward_hook", True),
-)
-
-
-class HookDict(NamedTuple):
-    """One dict of hooks: a module's, or torch's global one."""
-
-    hooks: dict
-    kind: _Kind
-    where: str  # the module's place, or "every module (global)"
-
-    @property
-    def register(self) -> str:
-        return self.kind.register if self.where != _GLOBAL else self.kind.global_register
-
-
-_GLOBAL = "every module (global)"
+__all__ = ["HookEffects", "allow_hook", "allowed", "attributes_read", "detach_hook_weights", "pure"]
 
 
 def _weight_hook_types() -> tuple[type, ...]:
@@ -143,11 +93,12 @@ def pure(hook: Any) -> bool:
     return isinstance(hook, _PURE) or isinstance(getattr(hook, "__self__", None), _PURE_OWNERS)
 
 
-def detach_hook_weights(fn: Any) -> None:
+def detach_hook_weights(fn: Any, modules: list | None = None) -> bool:
     """Before a warmup call or capture in grad mode: replace the weights that ``weight_norm``,
     ``spectral_norm`` and pruning hooks on the modules ``fn`` reaches computed at an earlier
     call (or when they were applied), which each module keeps as an attribute until its hook
-    computes the next one, by detached ones.
+    computes the next one, by detached ones. ``modules``: those modules as ``(module, place)``,
+    where a walk from ``fn`` already found them (a capture's). Whether it replaced any.
 
     Such a weight's autograd graph keeps its parameters' gradient accumulators (autograd's
     AccumulateGrad nodes) alive, and each runs on the stream it was made on: for the weight
@@ -165,36 +116,22 @@ def detach_hook_weights(fn: Any) -> None:
         >>> _ = net(torch.ones(1, 2))
         >>> held = net.weight  # the forward's weight, with its graph
         >>> detach_hook_weights(net)
+        True
         >>> net.weight.grad_fn is None, held.grad_fn is None, torch.equal(net.weight, held)
         (True, False, True)
     """
     from ._discover import Discovery
 
-    for module, _ in Discovery(fn).modules:
+    detached = False
+    for module, _ in Discovery(fn).modules if modules is None else modules:
         for hook in list(module._forward_pre_hooks.values()):
             if isinstance(hook, _WEIGHT_HOOKS):
                 name = getattr(hook, "_tensor_name", None) or hook.name
                 weight = vars(module).get(name)
                 if isinstance(weight, torch.Tensor) and weight.grad_fn is not None:
                     setattr(module, name, weight.detach())
-
-
-def hook_dicts(modules: list[tuple[nn.Module, str]], backward: bool) -> list[HookDict]:
-    """The hook dicts whose hooks the graph's modules run: each module's and, where there is
-    a module, the global ones; backward hooks only if ``backward``."""
-    kinds = [k for k in KINDS if backward or not k.backward]
-    out = [HookDict(getattr(m, k.attribute), k, where) for m, where in modules for k in kinds]
-    if modules:
-        out += [HookDict(getattr(_nn_module, k.global_attribute), k, _GLOBAL) for k in kinds]
-    return out
-
-
-def _name(hook: Any) -> str:
-    return getattr(hook, "__qualname__", None) or type(hook).__qualname__
-
-
-def describe_hook(d: HookDict, hook: Any) -> str:
-    return f"{d.kind.name} {_name(hook)!r} ({d.register})"
+                    detached = True
+    return detached
 
 
 # -- the opt-in: a hook whose Python effects may run at the warmup calls and the capture only --
@@ -204,9 +141,10 @@ H = TypeVar("H")
 
 
 def allow_hook(hook: H) -> H:
-    """Mark ``hook``, a module hook, as one whose Python effects a replay may skip: a graph is
-    captured with it, it runs at the warmup calls and at the capture (which run the function
-    eagerly), and not at replays. Returns ``hook``, so it also serves as a decorator.
+    """Mark ``hook`` (a module hook, a tensor hook on a parameter, an optimizer step hook) as
+    one whose Python effects a replay may skip: a graph is captured with it, it runs at the
+    warmup calls and at the capture (which run the function eagerly), and not at replays.
+    Returns ``hook``, so it also serves as a decorator.
 
     Without the mark, a hook that changes Python state (appends to a list, counts, stores
     Python values on an object) is refused at capture, since a replay would skip what every
@@ -297,6 +235,22 @@ _BACKWARD_ADVICE = ("keep that state outside the hook, remove the hook while the
                     "hook the parameters' gradients (p.register_hook), which run eagerly at every backward of a graph "
                     "used as a layer, or, if running it at the warmup calls and the capture only is what you want, "
                     "mark it with graphmodule.allow_hook(hook).")
+_TENSOR_ADVICE = ("keep that state outside the hook (do its work on p.grad after the call), remove the hook while the "
+                  "wrapper runs (handle.remove()), wrap the forward only (a graph used as a layer runs its parameters' "
+                  "hooks eagerly at every backward), or, if running it at the warmup calls and the capture only is "
+                  "what you want, mark it with graphmodule.allow_hook(hook).")
+_OPTIMIZER_ADVICE = ("keep that state outside the hook (do its work after the call; a learning rate it sets, in a "
+                     "tensor updated in place), remove the hook while the wrapper runs (handle.remove()), or, if "
+                     "running it at the warmup calls and the capture only is what you want, mark it with "
+                     "graphmodule.allow_hook(hook).")
+
+
+def _advice(kind: Any) -> str:
+    if kind in TENSOR_KINDS:
+        return _TENSOR_ADVICE
+    if kind in OPTIMIZER_KINDS:
+        return _OPTIMIZER_ADVICE
+    return _BACKWARD_ADVICE if kind.backward else _FORWARD_ADVICE
 
 
 class _Judged(NamedTuple):
@@ -317,10 +271,11 @@ class Found(NamedTuple):
 
 
 class HookEffects:
-    """The Python hooks of the graph's modules, each run under effect discovery while a
-    capture runs: a snapshot of the Python state it can change (its closures and globals, the
-    ``__dict__`` of the module it is given, of its ``self`` and of the objects they lead to,
-    with the lists, dicts and sets held there) before each of its calls, compared after it.
+    """The Python hooks in a graph's hook dicts (``_hookdicts``), each run under effect
+    discovery while a capture runs: a snapshot of the Python state it can change (its closures
+    and globals, the ``__dict__`` of the module or optimizer it is given (and that optimizer's
+    param groups), of its ``self`` and of the objects they lead to, with the lists, dicts and
+    sets held there) before each of its calls, compared after it.
 
     What a hook changes there is what a replay, which runs no Python, would skip: found here,
     put back right after the capture (:meth:`close`; the call is refused, as if not made), and
@@ -332,29 +287,30 @@ class HookEffects:
 
         >>> import torch
         >>> from graphmodule._hooks import HookEffects
+        >>> from graphmodule._hookdicts import hook_dicts
         >>> net = torch.nn.Linear(2, 2)
         >>> net.calls = 0
         >>> def count(module, args, out):
         ...     module.calls += 1
         >>> handle = net.register_forward_hook(count)
-        >>> effects = HookEffects([(net, "module")], backward=False)
+        >>> effects = HookEffects(hook_dicts([(net, "module")], backward=False))
         >>> _ = net(torch.ones(1, 2))
         >>> effects.close()  # (the hook's change put back)
         >>> [c.text for f in effects.found for c in f.changes], net.calls
         (['module.calls was rebound (0 → 1)'], 0)
     """
 
-    def __init__(self, modules: list[tuple[nn.Module, str]], backward: bool):
+    def __init__(self, dicts: list[HookDict]):
         from ._discover import Discovery
         from ._pyeffects import PythonEffects
 
         self.found: list[Found] = []
         self._same: set[tuple[int, Any]] = set()  # attributes a hook set to the value they held
-        self._where = {id(m): where for m, where in modules}
+        self._where = {id(d.owner): d.where for d in dicts if not d.is_global}
         self._wrapped: list[tuple[dict, Any, Any, Any]] = []  # (hook dict, key, hook, wrapper)
         seen: dict[int, Any] = {}
         judged = []
-        for d in hook_dicts(modules, backward):  # every walk before any hook is wrapped
+        for d in dicts:  # every walk before any hook is wrapped
             for key, hook in list(d.hooks.items()):
                 if not pure(hook):
                     found = seen.get(id(hook))
@@ -367,10 +323,13 @@ class HookEffects:
             self._wrapped.append((j.dict.hooks, j.key, j.hook, wrapper))
 
     def _run(self, judged: _Judged, *args: Any, **kwargs: Any) -> Any:
-        module = args[0] if args and isinstance(args[0], nn.Module) else None
+        owner = args[0] if args and isinstance(args[0], (nn.Module, torch.optim.Optimizer)) else None
         dicts = judged.dicts
-        if module is not None:
-            dicts = [(vars(module), self._where.get(id(module), type(module).__name__)), *dicts]
+        if owner is not None:  # (the module or optimizer it is given: its attributes, a group's lr)
+            where = self._where.get(id(owner), type(owner).__name__)
+            groups = getattr(owner, "param_groups", None) if isinstance(owner, torch.optim.Optimizer) else None
+            dicts = [(vars(owner), where), *((g, f"{where}.param_groups[{i}]") for i, g in enumerate(groups or ())),
+                     *dicts]
         python, state = judged.python.again(), _DictsState(dicts)
         out = judged.hook(*args, **kwargs)
         changes = python.changed() + state.changed()
@@ -402,10 +361,10 @@ class HookEffects:
             texts = list(dict.fromkeys(c.text for c in found.changes))
             raise UnsupportedError(
                 owner,
-                f"expected the Python hooks on the modules the graph runs to change no Python state, got "
+                f"expected the Python hooks {d.kind.scope} to change no Python state, got "
                 f"{describe_hook(d, judged.hook)} on {d.where}, which changes: {'; '.join(texts)}. A replay runs "
                 "no Python, so the hook would run once, at capture, and never again.",
-                _BACKWARD_ADVICE if d.kind.backward else _FORWARD_ADVICE,
+                _advice(d.kind),
             )
 
     def excuse(self, python: Any, bindings: Any) -> None:
@@ -467,31 +426,3 @@ class _DictsState:
 
 
 _CONTAINERS = (list, dict, set)
-
-
-class HookWatch:
-    """The hooks of the graph's modules at capture, and whether they are still those."""
-
-    def __init__(self, modules: list[tuple[nn.Module, str]], backward: bool):
-        self.dicts = hook_dicts(modules, backward)
-        self.captured = [dict(d.hooks) for d in self.dicts]
-        # the place the watch reads at every call: moves whenever a hook is registered
-        self.place = (vars(RemovableHandle), "next_id")
-
-    def same(self) -> bool:
-        """Whether every hook dict holds the captured hooks, in order."""
-        return all(list(d.hooks.items()) == list(c.items()) for d, c in zip(self.dicts, self.captured))
-
-    def changes(self) -> list[tuple[str, str]]:
-        out = []
-        for d, captured in zip(self.dicts, self.captured):
-            now = d.hooks
-            for key, hook in now.items():
-                if captured.get(key) is not hook:
-                    out.append((d.where, f"{describe_hook(d, hook)} added since the capture, which a replay would "
-                                         "not run: remove it (handle.remove()) to replay"))
-            for key, hook in captured.items():
-                if now.get(key) is not hook:
-                    out.append((d.where, f"{describe_hook(d, hook)} removed since the capture, which the graph "
-                                         "replays"))
-        return out

@@ -32,7 +32,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import GraphStateError
-from ._runners import collect_before_next_capture
+from ._scope import SCOPE
 from ._stats import GraphStats
 
 if TYPE_CHECKING:  # (a cycle at import: an Entry holds its OutputSets)
@@ -194,7 +194,7 @@ class OutputSets:
             lending = self._recorder_now().record_again(entry, leaves, objs, True, entry)
         except Exception as err:  # noqa: BLE001 - entry's graph is still good
             log.info("%s: %s (%s)", self._owner, failed, _first_line(err))
-            collect_before_next_capture()
+            SCOPE.collect_before_next_capture()
             return None
         if lending.plan.lender is None:
             lending.release()
@@ -247,7 +247,7 @@ class OutputSets:
         except Exception as err:  # noqa: BLE001 - nothing replayable is free: run eagerly
             log.info("%s: no graph returning copies (%s); calls made while results are held run eagerly",
                      self._owner, _first_line(err))
-            collect_before_next_capture()
+            SCOPE.collect_before_next_capture()
             self._move(entry, EAGER_WHILE_HELD)
             return self._eager(tree)
         self.stats.copy_recaptures += 1

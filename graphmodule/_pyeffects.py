@@ -142,6 +142,12 @@ class PythonEffects:
                                       functools.partial(refill, now, b.shallow)))
         return out
 
+    def undo(self) -> None:
+        """Put back what :meth:`changed` finds (the latest change first): a call that failed is
+        run again, or refused, as if not made."""
+        for change in reversed(self.changed()):
+            change.restore()
+
     def excuse(self, places: set[tuple[int, Any]]) -> None:
         """Take the state at ``places`` (``(id(dict or cell), key)``) as it is now: what a hook
         marked with ``allow_hook`` changed there is not the function's change."""

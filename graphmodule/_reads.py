@@ -9,7 +9,7 @@ its first argument, its globals and its closure variables (``c = self.config; c.
 ``self.config.gain``), and :class:`ReadsWalk` (a part of
 :class:`~graphmodule._discover.Discovery`) resolves them on the objects found, as Python
 would (the object's ``__dict__``, a module's parameters and children, then its class), and
-watches each place on the way.
+watches each place on the way. :func:`global_names`: the globals a code object loads or stores.
 
 Not seen: names built at run time (``getattr(self, name)``), attributes behind properties
 or ``__slots__`` (their code is not run at capture), reads through a variable assigned
@@ -28,7 +28,7 @@ from torch import nn
 
 from ._places import Attribute
 
-__all__ = ["Chain", "Root", "ReadsWalk", "chains", "internal"]
+__all__ = ["Chain", "Root", "ReadsWalk", "chains", "global_names", "internal"]
 
 MAX_CHAIN = 4  # attributes followed from a root
 _INTERNAL_PACKAGES = frozenset({"torch", "tensordict", "graphmodule", "functools", "typing", "contextlib"})
@@ -91,6 +91,20 @@ def _scan(code: types.CodeType, out: set, outer: frozenset, top: bool) -> None:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _scan(const, out, outer, top=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def global_names(code: types.CodeType) -> frozenset[str]:
+    """The global names ``code`` and the code nested in it load or store. Memoized: a code
+    object never changes, and every walk of a function reads its bytecode (several a capture)."""
+    names = set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL"):
+            names.add(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= global_names(const)
+    return frozenset(names)
 
 
 def _unwrap(fn: Any) -> Any:

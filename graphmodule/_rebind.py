@@ -56,7 +56,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ._discover import _SCALARS, Discovery
-from ._pyeffects import _Shallow
+from ._pyeffects import _Shallow, refill
 from ._effects import AttrOp, GradOp
 from ._errors import UnsupportedError
 from ._gradwatch import Required
@@ -180,6 +180,25 @@ class Bindings:
                 if id(value) in probes:
                     _used(value)
                     d[key] = probes[id(value)]
+
+    def undo(self) -> None:
+        """After a capture that failed (and :meth:`close`): the ``.grad`` and attributes the
+        call bound, and the containers it changed, put back as they were before it. A failed
+        CUDA capture ran none of its kernels: a gradient it bound is memory never computed,
+        which the eager run of the call that follows would add into (or which a refused call
+        would leave bound)."""
+        for t, grad in zip(self.tensors, self.grads):
+            if t.grad is not grad:
+                t.grad = grad
+        for (d, _), before in zip(self.dicts, self.before):
+            for key, was, _ in _changed(before, d):
+                if was is _ABSENT:
+                    d.pop(key, None)
+                else:
+                    d[key] = was
+        for _, _, value, _, shallow in self.held:
+            if not shallow.same(_Shallow.of(value)):
+                refill(value, shallow)
 
     # -- after the capture ---------------------------------------------------------------
     def python_changes(self) -> list[str]:

@@ -318,7 +318,7 @@ def passed_recipes(recipe: Any) -> list[Passed]:
 
 
 def collect(recipe: Any, value: Any, out: dict[int, Any]) -> None:
-    """For a simulated replay: the fresh tensors at the recipe's :class:`Graph` places in ``value``."""
+    """The tensors at the recipe's :class:`Graph` places in ``value`` (what a twin copies out, ``_twin``)."""
     kind = recipe.kind
     if kind is GRAPH:
         out.setdefault(recipe.index, value)

@@ -18,15 +18,18 @@ Anything found that a replay could not reproduce raises before the graph is used
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import contextlib
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
+from torch.nn.utils import parametrize as _parametrize
 
+from ._discover import Discovery
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
-from ._hooks import HookEffects
+from ._hooks import HookEffects, detach_hook_weights
 from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
 from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
@@ -153,6 +156,23 @@ def global_settings() -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _own_parametrize_cache() -> Iterator[None]:
+    """A capture inside ``torch.nn.utils.parametrize.cached()`` caches the parametrized
+    tensors it computes in a cache of its own, dropped after it: the graph records their
+    computation, as a capture outside the region does, and replays it at every call. The
+    region's cached tensors were computed by another call (a warmup call): read by the graph,
+    they would be read at every replay, after the region ended and the parameters changed."""
+    if not _parametrize._cache_enabled:
+        yield
+        return
+    region, _parametrize._cache = _parametrize._cache, {}
+    try:
+        yield
+    finally:
+        _parametrize._cache = region
+
+
 def _same_settings(owner: str, before: dict[str, Any]) -> None:
     """The capturing call left torch's global state as it found it: eagerly each call sets it
     again, a replay (GPU work only) would not."""
@@ -199,7 +219,17 @@ def _outputs_as_eagerly(owner: str, builder: PlanBuilder, grad: bool, trains: Ma
     return enables_grad
 
 
-def mode_reader(watch: Watch) -> ModeReader:
+def _undo(hooks: HookEffects, bindings: Bindings, python: PythonEffects) -> None:
+    """After a capture that failed: what the call bound and changed in Python put back (the
+    runner put back the memory it wrote), so that the call runs eagerly next, or is refused,
+    as if not made (a ``.grad`` it bound would be memory a CUDA capture never computed)."""
+    hooks.close()
+    bindings.close()
+    bindings.undo()
+    python.undo()
+
+
+def mode_reader(watch: Discovery) -> ModeReader:
     return ModeReader([m for m, _ in watch.modules], [label for _, label in watch.modules])
 
 
@@ -219,6 +249,7 @@ def record(
     alone: bool = False,
     like: Entry | None = None,
     spec: InputSpec | None = None,
+    found: Discovery | None = None,
 ) -> tuple[Entry, Materialized]:
     """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
 
@@ -227,15 +258,21 @@ def record(
     ``like``: a graph of this call (lending, or returning copies until it is captured again to
     lend): captured beside it, copying its results into buffers of its own, laid out as
     ``like``'s (see ``_twin``). ``spec``: the signature the graph serves (another graph's, for
-    a capture made from that graph's layout), else the one ``leaves`` have.
+    a capture made from that graph's layout), else the one ``leaves`` have. ``found``: a walk
+    from ``module`` (without backward hooks) taken since the last Python ran: with grad
+    disabled, the walk a capture takes first.
 
     Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
     for an effect or output a replay could not reproduce (the graph is released then).
     """
     spec = spec or InputSpec(layout, leaves, mode)
     grad = torch.is_grad_enabled()
-    # what exists before the capture: parameters, state... (and the backward hooks a train step runs)
-    before = Watch(module, backward_hooks=grad)
+    # what exists before the capture: parameters, state... (and the backward hooks a train step runs);
+    # a walk only: the entry's Watch, checked at every call, is taken after the capture
+    before = found if found is not None and not grad else Discovery(module, backward_hooks=grad)
+    # weights a weight_norm hook computed at an earlier call, detached first (_hooks); found again then
+    if grad and detach_hook_weights(module, before.modules):
+        before = Discovery(module, backward_hooks=grad)
     check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
     inputs = StaticInputs(layout, leaves)
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []
@@ -251,17 +288,21 @@ def record(
 
     body = lambda: module(*args, **kwargs)  # noqa: E731
     twin = CopyOut(like, materialized) if like is not None else None
+    # the hooks a call runs, each run under effect discovery (first: Bindings' own are not judged)
+    hooks = HookEffects(before.hook_dicts())
     bindings = Bindings(before)  # .grad and attributes, to find what the function rebinds
     settings = global_settings()  # torch's global state: a replay would not set it again
-    hooks = HookEffects(before.modules, backward=grad)  # the modules' hooks, each run under effect discovery
     try:
-        if twin is None:
-            captured = runner.capture(body, owner, alone=lend or alone)
-        else:
-            captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
-    finally:
-        hooks.close()  # (before the probes go: what a refused hook changed is put back as it was)
-        bindings.close()
+        with _own_parametrize_cache():
+            if twin is None:
+                captured = runner.capture(body, owner, alone=lend or alone)
+            else:
+                captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+    except BaseException:
+        _undo(hooks, bindings, python)
+        raise
+    hooks.close()  # (before the probes go: what a refused hook changed is put back as it was)
+    bindings.close()
     handle, out = captured.handle, captured.out
     try:
         hooks.refuse(owner)
@@ -319,6 +360,8 @@ def record(
         capture_bytes=captured.bytes + (layer.capture_bytes if layer is not None else 0)
         + (twin.nbytes if twin is not None else 0),
         capture_seconds=captured.seconds + (layer.capture_seconds if layer is not None else 0.0),
+        cuda_graph=captured.cuda_graph,
+        dump=captured.dump,
     )
     return entry, materialized
 

@@ -1,8 +1,8 @@
 """The per-call check that what a graph reads from outside its inputs is unchanged.
 
-What a graph reads is found at capture (:mod:`._discover`); the hooks of the modules found
-(see :mod:`._hooks`) are watched too: one added or removed since the capture makes the graph
-stale. Each replay checks these with a few C-level passes (``map`` over getters); the slow
+What a graph reads is found at capture (:mod:`._discover`); the hooks a call runs (of the
+modules and optimizers found and, in a train step, of the parameters: see :mod:`._hookdicts`)
+are watched too: one added or removed since the capture makes the graph stale. Each replay checks these with a few C-level passes (``map`` over getters); the slow
 walk that names what changed runs only when that check fails. Where Python has dict
 watchers (CPython 3.12+, see :mod:`._dictwatch`), places in dicts (nearly all of them:
 ``_parameters``, ``__dict__``, optimizer state) are read only after one of those dicts
@@ -23,7 +23,7 @@ import torch
 from . import _dictwatch
 from ._discover import MAX_DEPTH, Discovery, _Cell
 from ._pyeffects import PythonEffects
-from ._hooks import HookWatch, describe_hook
+from ._hookdicts import HookWatch, describe_hook
 from ._places import same_value
 
 __all__ = ["Watch", "PythonEffects", "MAX_DEPTH"]
@@ -46,11 +46,11 @@ class Watch(Discovery):
         # (the step's backward binds a new one, or its optimizer skips it): _gradwatch.Required
         self._grads = rebound.required if rebound is not None and rebound.required else None
         self._flag: _dictwatch.Flag | None = None  # dict places verified since the flag went down
-        # the modules' hooks (backward ones where a backward inside the graph runs them): the
-        # hooks present by identity (what they read is found by the walk), and one place that
-        # moves when any hook is registered
+        # the hooks a call runs (modules', optimizers'; backward ones and the parameters' where a
+        # backward inside the graph runs them): the hooks present by identity (what they read is
+        # found by the walk), and one place that moves when any hook is registered
         self.backward_hooks = backward_hooks
-        self.hooks = HookWatch(self.modules, backward_hooks)
+        self.hooks = HookWatch(self.hook_dicts())
         for d, captured in zip(self.hooks.dicts, self.hooks.captured):
             for key, hook in captured.items():
                 for lst, item in zip(self._o, (d.hooks, key, hook, f"{d.where}: {describe_hook(d, hook)}")):

@@ -16,6 +16,7 @@ import torch
 from ._errors import GraphStateError
 from ._explain import describe_graphs
 from ._options import State
+from ._runners import Kind
 from ._stats import GraphStats
 
 __all__ = ["WrapperSurface"]
@@ -35,19 +36,19 @@ class WrapperSurface:
         stats = self._stats.copy()
         stats.graphs = len(entries)
         stats.graph_bytes = tuple(entry.capture_bytes for entry in entries)
-        stats.pool_bytes = self._runner.pool_bytes() if entries else 0
+        stats.pool_bytes = self._runner.pool.bytes() if entries else 0
         return stats
 
     @property
     def pool(self) -> Any:
         """The memory pool of this wrapper's graphs (pass it as ``pool=`` to share it)."""
-        return self._runner.pool_handle()
+        return self._runner.pool.handle()
 
     @property
     def graph(self) -> torch.cuda.CUDAGraph | None:
         """The most recently used captured ``torch.cuda.CUDAGraph``, if any."""
-        entries = self._graphs.entries
-        return self._runner.cuda_graph(entries[0].handle) if entries else None
+        entries = self._graphs.entries  # (a signature served eagerly has no handle)
+        return entries[0].cuda_graph if entries and entries[0].handle is not None else None
 
     def debug_dump(self, path: str) -> list[str]:
         """Write each held graph's structure as Graphviz (``torch.cuda.CUDAGraph.debug_dump``).
@@ -63,8 +64,10 @@ class WrapperSurface:
             ...  # warm up and capture
             g.debug_dump("policy.dot")  # then: dot -Tsvg policy.dot -o policy.svg
         """
-        if not self._runner.dumps:  # (its message says why there is no structure, now or later)
-            self._runner.debug_dump(None, path, self._owner)
+        kind = self._runner.kind
+        if kind is not Kind.CUDA:  # (no structure, now or later)
+            raise GraphStateError(f"{self._owner} records no CUDA graph ({kind.value}): there is no graph "
+                                  "structure to dump; use backend='cuda' on a GPU.")
         if not self._graphs.captured():
             why = ("its capture failed and it runs eagerly (on_capture_failure='eager'): see explain()"
                    if self._eager_only else "call it until it has captured, then dump")
@@ -88,7 +91,7 @@ class WrapperSurface:
     def counter(self) -> int:
         """Calls that ran before the graph took over (tensordict's wrapper's ``counter``;
         0 without graphs, as there)."""
-        if not self._runner.captures:
+        if not self._runner.kind.captures:
             return 0
         return min(self._stats.warmup_calls + self._stats.captures, self.warmup)
 

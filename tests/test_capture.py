@@ -149,11 +149,11 @@ def test_eager_policy_warns_once_then_runs_eagerly_with_checks(make):
 
 
 def test_a_wrapper_called_inside_another_capture_runs_inline_and_the_count_returns_to_zero(make):
-    """The per-call check reads the process-wide count of captures first (``_DEPTH``): a
+    """The per-call check reads the process-wide count of captures first (``SCOPE.depth``): a
     captured wrapper called while another captures must still run its function inline (its
     replay would not be part of the outer graph), and the count must fall back to 0 after a
     capture, a failed one included (else every call pays the thread-local read)."""
-    from graphmodule import _runners
+    from graphmodule._scope import SCOPE
 
     inner = make(lambda x: x * 2, warmup=1)
     x = torch.ones(2)
@@ -165,14 +165,14 @@ def test_a_wrapper_called_inside_another_capture_runs_inline_and_the_count_retur
     for _ in range(3):
         torch.testing.assert_close(outer(x), x * 2 + 1)
     assert outer.stats.captures == 1 and inner.stats.inline_calls >= 1
-    assert _runners._DEPTH[0] == 0 and not _runners.capturing()
+    assert SCOPE.depth == 0 and not SCOPE.inside()
 
     fn, _ = _failing("CUDA error: operation not permitted when stream is capturing")
     g = make(fn, warmup=1)
     g(torch.zeros(1))
     with pytest.raises(CaptureError):
         g(torch.zeros(1))
-    assert _runners._DEPTH[0] == 0 and not _runners.capturing()
+    assert SCOPE.depth == 0 and not SCOPE.inside()
     replays = inner.stats.replays
     inner(x)
     assert inner.stats.replays == replays + 1

@@ -305,7 +305,6 @@ def test_cartpole_step_and_maybe_reset_restarts_finished_episodes_only():
     env.step_count[:2] = 4  # two envs are truncated at the first step
     for t in range(2):
         td["action"] = torch.ones(N, 1, dtype=torch.int64)
-        state = env.state.clone()
         td, next_td = env.step_and_maybe_reset(td)
         if t == 0:
             assert td["next", "done"].squeeze(-1).tolist() == [True, True] + [False] * (N - 2)

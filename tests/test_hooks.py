@@ -10,7 +10,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
-from torch.nn.utils import prune
+from torch.nn.utils import parametrize, prune
 
 from graphmodule import CaptureError, CudaGraphModule, InputMismatchError, StaleGraphError, UnsupportedError, allow_hook
 
@@ -754,4 +754,67 @@ class TestTorchRL:
                 if graph_backend == "simulate":  # (a CUDA graph draws its own random numbers)
                     for key in expected.keys():
                         torch.testing.assert_close(got[key], expected[key], msg=key)
+        assert g.stats.captures == 1
+
+
+class _Symmetric(nn.Module):
+    def forward(self, w):
+        return (w + w.t()) / 2
+
+
+def _parametrized():
+    torch.manual_seed(0)
+    net = nn.Linear(3, 3)
+    parametrize.register_parametrization(net, "weight", _Symmetric())
+    return net, copy.deepcopy(net)
+
+
+def _changed(*nets):
+    with torch.no_grad():
+        for m in nets:
+            m.parametrizations.weight.original.mul_(0.5).add_(0.1)
+
+
+class TestParametrizations:
+    """A parametrized weight (``torch.nn.utils.parametrize``) is computed by every eager call
+    outside ``parametrize.cached()``, and once per region inside it. A graph records its
+    computation, also when captured inside a region: the region's cached weight is another
+    call's, which the graph would read after the region ends."""
+
+    def test_captured_outside_the_cache(self, graph_backend, ones):
+        net, twin = _parametrized()
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.no_grad():
+            for i in range(4):
+                torch.testing.assert_close(g(ones + i), twin(ones + i))
+                _changed(net, twin)
+            with parametrize.cached():  # (the parameters unchanged inside the region, as cached() requires)
+                for i in range(2):
+                    torch.testing.assert_close(g(ones + i), twin(ones + i))
+        assert g.stats.captures == 1
+
+    def test_captured_inside_the_cache_computes_the_weight_after_the_region(self, graph_backend, ones):
+        net, twin = _parametrized()
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        with torch.no_grad():
+            with parametrize.cached():  # a warmup call, the capture and a replay in one region
+                for i in range(3):
+                    torch.testing.assert_close(g(ones + i), twin(ones + i))
+            for i in range(4):
+                _changed(net, twin)
+                torch.testing.assert_close(g(ones + i), twin(ones + i))
+        assert g.stats.captures == 1
+
+    def test_a_layer_called_in_a_region_of_its_own_at_each_call(self, graph_backend, ones):
+        # the use cached() is for: the weight computed once per forward, its backward after the region
+        net, twin = _parametrized()
+        g = CudaGraphModule(net, warmup=1, backend=graph_backend)
+        for i in range(5):
+            for m in (g, twin):
+                with parametrize.cached():
+                    out = m(ones + i)
+                out.pow(2).sum().backward()
+            original, eager = net.parametrizations.weight.original, twin.parametrizations.weight.original
+            torch.testing.assert_close(original.grad, eager.grad)
+            _changed(net, twin)
         assert g.stats.captures == 1

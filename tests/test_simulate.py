@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from graphmodule import CaptureError, CudaGraphModule
-from graphmodule._runners import SimulatedRunner
+from graphmodule._runner_simulate import SimulatedRunner
 
 
 def _twins(module: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -174,8 +174,8 @@ class TestHostSyncs:
         if graph_backend == "simulate":
             assert str(info.value).startswith(
                 "CudaGraphModule(<lambda>) failed to capture its CUDA graph at test_simulate.py:")
-            assert (": RuntimeError: operation not permitted when stream is capturing (backend='simulate' refuses "
-                    "what a CUDA capture refuses: this operation makes the host wait for the device)\n"
+            assert (": RuntimeError: operation not permitted when stream is capturing (refused as by a CUDA "
+                    "capture: this operation makes the host wait for the device)\n"
                     "Likely cause (host-sync): ") in str(info.value)
 
     @pytest.mark.parametrize("line", [

@@ -13,12 +13,13 @@ Simulated replays run the recorded tensor operations and no Python, as a real re
 """
 
 import copy
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from graphmodule import CudaGraphModule, StaleGraphError, UnsupportedError
+from graphmodule import CaptureError, CudaGraphModule, StaleGraphError, UnsupportedError
 
 _DEVICE_STEP = {True: {"capturable": True}, False: {"fused": True}}
 
@@ -228,6 +229,119 @@ class TestRefusedAtCapture:
             "CudaGraphModule(fn) cannot replay this call as a CUDA graph: the function changes Python state, "
             f"which a replay (GPU work only) would not: closure variable 'net' of {fn.__qualname__}.calls was rebound "
             "(1 → 2).")
+
+
+class _Fail:
+    """How the step fails after its backward (a plain object's attribute: not watched)."""
+
+    how = None
+
+
+def _failing_step(net, opt, zero_inside, fail, seen=None):
+    def step(x, y):
+        if zero_inside:
+            opt.zero_grad()
+        loss = (net(x) - y).pow(2).mean()
+        loss.backward()
+        if seen is not None:
+            seen.append(1)  # (Python state: refused by a capture that succeeds)
+        if fail.how == "raise":
+            raise ValueError("a check after the backward")
+        if fail.how == "sync":
+            loss.item()  # the host waits for the device: a CUDA capture refuses it
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+class TestACaptureThatFailsAfterBackward:
+    """The capturing call raises after its backward bound or added into ``.grad``. A CUDA
+    capture runs none of its kernels: a gradient it bound is memory never computed. The call
+    then runs eagerly (the function's own exception, ``on_capture_failure="eager"``) or is
+    refused: ``.grad``, the parameters and Python state are eager's, or as before the call."""
+
+    @pytest.mark.parametrize("zero", ["inside", "outside"])
+    def test_the_functions_own_exception(self, graph_backend, zero):
+        inside = zero == "inside"
+        (net, opt), (twin, opt_e) = _models("sgd_momentum")
+        fail, fail_e = _Fail(), _Fail()
+        g = CudaGraphModule(_failing_step(net, opt, inside, fail), warmup=1, backend=graph_backend)
+        eager = _failing_step(twin, opt_e, inside, fail_e)
+        for i in range(5):
+            if not inside:
+                opt.zero_grad()
+                opt_e.zero_grad()
+            fail.how = fail_e.how = "raise" if i == 1 else None  # (the capturing call)
+            if i == 1:
+                with pytest.raises(ValueError, match="a check after the backward"):
+                    g(*_batch(i))
+                with pytest.raises(ValueError, match="a check after the backward"):
+                    eager(*_batch(i))
+            else:
+                torch.testing.assert_close(g(*_batch(i)), eager(*_batch(i)), rtol=1e-4, atol=1e-5)
+            _same_state(net, twin)
+        assert g.state == "captured" and g.stats.captures == 1 and g.stats.replays == 3  # (the capture counts)
+
+    @pytest.mark.parametrize("zero", ["inside", "outside"])
+    def test_a_host_sync_run_eagerly_instead(self, graph_backend, zero):
+        inside = zero == "inside"
+        (net, opt), (twin, opt_e) = _models("sgd_momentum")
+        fail, fail_e = _Fail(), _Fail()
+        fail.how = fail_e.how = "sync"
+        g = CudaGraphModule(_failing_step(net, opt, inside, fail), warmup=1, backend=graph_backend,
+                            on_capture_failure="eager")
+        eager = _failing_step(twin, opt_e, inside, fail_e)
+        for i in range(4):
+            if not inside:
+                opt.zero_grad()
+                opt_e.zero_grad()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # (the capture's failure, at call 1)
+                torch.testing.assert_close(g(*_batch(i)), eager(*_batch(i)), rtol=1e-4, atol=1e-5)
+            _same_state(net, twin)
+        assert g.state == "eager" and g.stats.capture_failures == 1
+
+    @pytest.mark.parametrize("zero", ["inside", "outside"])
+    def test_a_host_sync_refused_leaves_the_state_as_before_the_call(self, graph_backend, zero):
+        inside = zero == "inside"
+        (net, opt), (twin, opt_e) = _models("sgd_momentum")
+        fail, fail_e = _Fail(), _Fail()
+        g = CudaGraphModule(_failing_step(net, opt, inside, fail), warmup=1, backend=graph_backend)
+        eager = _failing_step(twin, opt_e, inside, fail_e)
+        torch.testing.assert_close(g(*_batch(0)), eager(*_batch(0)), rtol=1e-4, atol=1e-5)
+        if not inside:
+            opt.zero_grad()
+            opt_e.zero_grad()
+        fail.how = "sync"
+        with pytest.raises(CaptureError) as info:
+            g(*_batch(1))
+        assert info.value.cause == "host-sync"
+        _same_state(net, twin)  # (the eager twin did not make that call)
+        fail.how = None
+        g.reset()
+        for i in range(1, 5):
+            if not inside:
+                opt.zero_grad()
+                opt_e.zero_grad()
+            torch.testing.assert_close(g(*_batch(i)), eager(*_batch(i)), rtol=1e-4, atol=1e-5)
+            _same_state(net, twin)
+        assert g.state == "captured"
+
+    def test_python_state_it_changed_is_changed_once(self, graph_backend):
+        (net, opt), (twin, opt_e) = _models("sgd_momentum")
+        fail, fail_e = _Fail(), _Fail()
+        seen, seen_e = [], []
+        g = CudaGraphModule(_failing_step(net, opt, True, fail, seen), warmup=1, backend=graph_backend)
+        eager = _failing_step(twin, opt_e, True, fail_e, seen_e)
+        g(*_batch(0))
+        eager(*_batch(0))
+        fail.how = fail_e.how = "raise"
+        for step in (g, eager):
+            with pytest.raises(ValueError, match="a check after the backward"):
+                step(*_batch(1))
+        assert len(seen) == len(seen_e) == 2
+        _same_state(net, twin)
 
 
 def test_an_optimizer_step_whose_backward_runs_outside(graph_backend):

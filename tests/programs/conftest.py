@@ -28,7 +28,7 @@ def healthy_cuda_random():
     try:
         torch.randn(1, device="cuda")
     except RuntimeError:
-        from graphmodule._runners import heal_generator
+        from graphmodule._runner_cuda import heal_generator
 
         heal_generator(torch.device("cuda", torch.cuda.current_device()))
         torch.randn(1, device="cuda")

@@ -1,9 +1,9 @@
 """The training examples' runs as one markdown table, and their curves side by side.
 
-    python examples/results_table.py                  # the runs in results/ (the examples' usual --out)
-    python examples/results_table.py DIR --plot       # the runs below DIR, and DIR/<script>.png
-    python examples/results_table.py DIR --plot-only  # only the plots
-    python examples/results_table.py DIR --goals      # the table, then the one-env runs against their targets
+    python benchmarks/results_table.py                  # the runs in results/ (the examples' usual --out)
+    python benchmarks/results_table.py DIR --plot       # the runs below DIR, and DIR/<script>.png
+    python benchmarks/results_table.py DIR --plot-only  # only the plots
+    python benchmarks/results_table.py DIR --goals      # the table, then the one-env runs against their targets
 
 Reads every ``*_summary.json`` below ``DIR`` (what ``train_ppo.py`` and ``train_sac.py`` write
 with ``--out``) and prints: script, envs, mode, env steps/s (whole run and steady), the GPU floor
@@ -180,7 +180,7 @@ def main(argv=None) -> None:
         print(f"No training runs below {args.dir}/ yet. Make some first, e.g.\n"
               f"    python examples/train_ppo.py --mode graph --out {args.dir}/\n"
               f"    python examples/train_ppo.py --mode eager --out {args.dir}/\n"
-              f"then run this again (python examples/results_table.py --help for more).")
+              f"then run this again (python benchmarks/results_table.py --help for more).")
         return
     if not args.plot_only:
         print(markdown_table(results))
