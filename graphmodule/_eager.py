@@ -160,7 +160,10 @@ def _inline(body: Callable[[], Any]) -> Any:
 class _EagerOutputs:
     """What an :class:`EagerEntry` has for output sets: none, its results are the function's."""
 
-    gate = None
+    @staticmethod
+    def serve(entry: EagerEntry, leaves: Any, objs: dict, tree: Any) -> Any:
+        """As ``OutputSets.serve``: the entry's call (run eagerly)."""
+        return entry.replay(leaves, objs, tree)
 
     @staticmethod
     def describe() -> str:

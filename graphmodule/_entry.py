@@ -35,6 +35,7 @@ from ._inputs import (
 from ._mode import saves_inputs
 from ._outputs import Plan
 from ._recipes import GRAPH, PASSED, build, passed_recipes
+from ._run import laid_out
 from ._spec import InputSpec
 from ._stale import Watch
 from ._tree import _is_node
@@ -144,6 +145,9 @@ class Entry:
         self.returns_input_td = (out_recipe.kind is PASSED and out_recipe.ref.kind is SLOT_OBJ
                                  and out_recipe.ref.position == 0)
         self.writes_only = self._writes_only()
+        # this graph's replay, as the output sets call it (``run(entry, leaves, objs, tree)``):
+        # laid out once for the common calls (_run), else the general one
+        self.run = laid_out(self, Entry._replay) or Entry._replay
 
     def _writes_only(self) -> list | None:
         """The keys the graph writes into its TensorDict argument, where writing them and
@@ -211,17 +215,13 @@ class Entry:
         return not self.extra_mismatches(leaves, None, objs)
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        """The call's result (``decide`` said ``REPLAY``), counted in the wrapper's stats."""
-        outputs = self.outputs
-        outputs.stats.replays += 1
-        gate = outputs.gate
-        if gate is not None and gate.busy():
-            # The caller still holds a result of the last replay (``out = g(x)`` in a loop
-            # holds it until this call returns): the output sets say where results come from.
-            return outputs.held(self, leaves, objs, tree)
-        return self._replay(leaves, objs, tree)
+        """The call's result (``decide`` said ``REPLAY``), counted in the wrapper's stats: the
+        output sets say which set replays (a caller may still hold the last results: ``out =
+        g(x)`` in a loop holds them until this call returns)."""
+        return self.outputs.serve(self, leaves, objs, tree)
 
     def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
+        """This graph's replay for a call: inputs copied in, the graph replayed, the result."""
         if self.layer is None:
             self.inputs.copy_from(leaves)
         else:
@@ -251,6 +251,7 @@ class Entry:
     def release(self) -> None:
         self.runner.release(self.handle)
         self.handle = self.cuda_graph = self.dump = None
+        self.run = Entry._replay  # (the laid-out one holds the handle)
         if self.layer is not None:
             self.layer.release()
         if self.outputs is not None:

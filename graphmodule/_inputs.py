@@ -215,11 +215,11 @@ class StaticInputs:
         self.buffers = [self.leaves[i] for i in self.tensor_index]
         # one buffer and nothing else (a policy's observation): (buffer, leaf index), copied
         # without the lists
-        self._one = (copy_dests[0], copy_srcs[0]) if len(copy_dests) == 1 and not self.spans else None
+        self.one = (copy_dests[0], copy_srcs[0]) if len(copy_dests) == 1 and not self.spans else None
 
     def copy_from(self, leaves: Any) -> None:
         """Copy a call's tensor leaves into the buffers (one foreach launch, plus spans)."""
-        one = self._one
+        one = self.one
         if one is not None:
             buffer, index = one
             source = leaves[index]

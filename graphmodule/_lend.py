@@ -130,6 +130,24 @@ class _Group:
         return _use_count(self.cdata) != self.base or getrefcount(self.lent) != self.refs
 
 
+def _free_check(cdatas: list[int], bases: list[int], lents: list[torch.UntypedStorage]) -> Any:
+    """``free()``: whether no caller holds a result lent from these storages (``not busy()``),
+    in one frame: what the output sets ask at every call. (It holds the list of lent storages,
+    not the storages: their reference counts stay what they were measured.)"""
+    if len(lents) == 1:
+        (cdata,), (base,) = cdatas, bases
+        refs = getrefcount(lents[0])  # (read as free() reads it)
+
+        def free() -> bool:
+            return _use_count(cdata) == base and getrefcount(lents[0]) == refs
+    else:
+        all_refs = list(map(getrefcount, lents))
+
+        def free() -> bool:
+            return list(map(_use_count, cdatas)) == bases and list(map(getrefcount, lents)) == all_refs
+    return free
+
+
 def _on(storage: torch.UntypedStorage, t: Tensor) -> Tensor:
     """A tensor like ``t`` over ``storage`` (an inference tensor where ``t`` is one)."""
     with torch.inference_mode(t.is_inference()), torch.no_grad():
@@ -158,12 +176,15 @@ class Lender:
         # the common case (one storage), read without a call per group
         self._one = self.groups[0] if len(self.groups) == 1 else None
         self._first = self.groups[0].templates[0][1] if self.groups else None
+        # a graph with one result, which has memory: what each call lends (a new view of it)
+        self.lone = self._first if self.n == 1 else None
         # several storages (a train step's gradients): read in two C-level passes
         self._cdatas, self._bases = [g.cdata for g in self.groups], [g.base for g in self.groups]
         self._lents = [g.lent for g in self.groups]
         for g in self.groups:  # (measured again: the list above holds each once more)
             g.refs = getrefcount(g.lent)
         self._refs = list(map(getrefcount, self._lents))
+        self.free = _free_check(self._cdatas, self._bases, self._lents)
 
     def busy(self) -> bool:
         """Whether a caller still holds a result lent by the last replay."""
@@ -201,6 +222,14 @@ class DroppingLender(Lender):
         super().__init__(graph)
         self.tensors = [t for t, _ in drops]
         self.placeholders = [p for _, p in drops]
+        tensors, placeholders, free = self.tensors, self.placeholders, self.free
+
+        def free_dropping() -> bool:
+            for t, placeholder in zip(tensors, placeholders):
+                t.grad = placeholder
+            return free()
+
+        self.free = free_dropping
 
     def busy(self) -> bool:
         for t, placeholder in zip(self.tensors, self.placeholders):

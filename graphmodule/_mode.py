@@ -27,10 +27,16 @@ import torch
 from torch import nn
 
 try:
+    from tensordict.nn import probabilistic as _probabilistic
     from tensordict.nn.probabilistic import interaction_type as _interaction_type
 except ImportError:  # pragma: no cover - older tensordict
     def _interaction_type() -> Any:
         return None
+else:
+    # read at every call: where interaction_type() only returns its mode manager's mode (as in
+    # tensordict 0.15), that manager's get_mode is called directly, a frame less
+    if getattr(getattr(_interaction_type, "__code__", None), "co_names", ()) == ("_interaction_type", "get_mode"):
+        _interaction_type = _probabilistic._interaction_type.get_mode
 
 from . import _dictwatch
 from ._errors import Mismatch, UnsupportedError

@@ -32,7 +32,8 @@ from threading import get_ident
 from typing import Any, Callable
 
 import torch
-from tensordict import TensorDictBase
+import torch._dynamo.decorators
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, dispatch
 
 from ._diagnose import USER_ERROR
@@ -57,6 +58,18 @@ from ._variants import Room
 __all__ = ["CudaGraphModule"]
 
 log = logging.getLogger("graphmodule")
+
+# dynamo's callback in this thread: a function while code that torch.compile runs calls the
+# wrapper, else None (or False: dynamo's run-only mode, which compiles nothing)
+_dynamo_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
+_skip_frame = torch._dynamo.decorators.skip
+
+
+@torch.compiler.disable
+def _compiled_off(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+    """A call made where dynamo is on: the wrapper's call, and what it calls, with dynamo off."""
+    return wrapper(*args, **kwargs)
+
 
 class CudaGraphModule(WrapperSurface):
     """Run a function, ``nn.Module`` or TensorDict module as a CUDA graph.
@@ -209,12 +222,17 @@ class CudaGraphModule(WrapperSurface):
     # -- calls -------------------------------------------------------------------------
     # torch.compile around a wrapper (or around code that calls one) must not trace its
     # bookkeeping: dynamo breaks the graph at the call and runs it, and what it calls, eagerly
-    # (a torch.compile'd function inside still compiles)
-    @torch.compiler.disable
+    # (a torch.compile'd function inside still compiles). Marked as dynamo marks a
+    # torch.compiler.disable'd function (its tracer breaks the graph at the call; the frame is
+    # skipped), without that decorator's wrapper, which costs a microsecond at every call: where
+    # dynamo is on in this thread (code torch.compile runs), the call goes through it (_compiled_off).
+    @_skip_frame
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The hot path, in this one frame: whether the most recent graph replays the call
-        # (decide), then its replay (Entry.replay); anything else goes to _slow.
-        if self._is_tensordict_module and (kwargs or not args or (self.in_keys
+        # (decide), then its replay (served by the graph's output sets); anything else goes to _slow.
+        if _dynamo_callback():
+            return _compiled_off(self, *args, **kwargs)
+        if self._is_tensordict_module and (kwargs or not args or (self.in_keys and type(args[0]) is not TensorDict
                                                                   and not isinstance(args[0], TensorDictBase))):
             # keyword calls, positional tensors and tensordict_out go through tensordict's
             # dispatch; a TensorDict call is passed on unchanged by it, so it skips the wrapper
@@ -247,7 +265,7 @@ class CudaGraphModule(WrapperSurface):
                         entries.remove(entry)
                         entries.insert(0, entry)
                     leaves, objs = split
-                    return entry.replay(leaves, objs, (args, kwargs))
+                    return entry.outputs.serve(entry, leaves, objs, (args, kwargs))  # (entry.replay's work)
             return self._slow(args, kwargs)
 
     @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)

@@ -19,9 +19,10 @@ the machine moves to a new graph, the wrapper's entry is replaced through the
 :class:`Recorder` it gave (held without a reference to the wrapper itself), and the old
 graph is released (results it lent keep their memory, see ``_lend``).
 
-The hot path reads :attr:`OutputSets.gate` only: an object whose ``busy()`` says whether the
-call must come here (the first set's ``Lender``; always busy in ``LEND_LATER``; ``None`` where
-results are never held back).
+At every call the hot path asks :meth:`OutputSets.serve`, which tries the sets in a list laid
+out at each transition (:attr:`OutputSets.sets`): each set's check that no caller holds its
+results (the ``Lender``'s ``free``; none where results are never held back) and its replay; a
+call that finds every set held (or, in ``LEND_LATER``, any call) comes to the transitions.
 """
 
 from __future__ import annotations
@@ -89,18 +90,6 @@ class Recorder(Protocol):
         """The function's own result for this call, run eagerly."""
 
 
-class _AlwaysHeld:
-    """The gate of a graph in ``LEND_LATER``: its next call comes to :meth:`OutputSets.held`."""
-
-    __slots__ = ()
-
-    def busy(self) -> bool:
-        return True
-
-
-_ALWAYS_HELD = _AlwaysHeld()
-
-
 class OutputSets:
     """The output sets of one graph (its own, and its twins') and their state.
 
@@ -110,14 +99,14 @@ class OutputSets:
     attaches itself to ``entry`` as ``entry.outputs``.
     """
 
-    __slots__ = ("state", "gate", "others", "_recorder", "stats", "_owner")
+    __slots__ = ("state", "sets", "others", "_recorder", "stats", "_owner")
 
     def __init__(self, entry: Entry, recorder: Recorder, stats: GraphStats, owner: str,
                  lend_later: bool = False, full: bool = False) -> None:
         self.others: list[Entry] = []  # the twins, each with a Lender of its own
         self._recorder = weakref.ref(recorder)
         self.stats, self._owner = stats, owner
-        self.gate: Any = None
+        self.sets: tuple = ()
         if entry.plan.lender is not None:
             state = FULL if full else LENDING
         elif lend_later:
@@ -125,7 +114,7 @@ class OutputSets:
         else:
             state = COPYING if entry.clone else STATIC
         self.state = state
-        self._gate_for(entry)
+        self._lay_out(entry)
         entry.outputs = self
 
     def __repr__(self) -> str:
@@ -142,23 +131,36 @@ class OutputSets:
         if state not in _NEXT[self.state]:
             raise AssertionError(f"output sets: no transition {self.state.name} -> {state.name}")  # pragma: no cover
         self.state = state
-        self._gate_for(entry)
+        self._lay_out(entry)
 
-    def _gate_for(self, entry: Entry) -> None:
+    def _lay_out(self, entry: Entry) -> None:
+        """The sets :meth:`serve` tries, in order, as ``(free, run, target)``: the check that no
+        caller holds the set's results (``None``: never held back), its replay (``Entry.run``)
+        and its entry (``None``: ``entry`` itself, which holds these output sets: not held
+        here, where it would make a reference cycle)."""
         state = self.state
         if state is LEND_LATER:
-            self.gate = _ALWAYS_HELD
+            self.sets = ()  # every call comes to held()
         elif state in (COPYING, STATIC, RELEASED):
-            self.gate = None
+            self.sets = ((None, entry.run, None),)
         else:
-            self.gate = entry.plan.lender
+            self.sets = ((entry.plan.lender.free, entry.run, None),
+                         *((other.plan.lender.free, other.run, other) for other in self.others))
+
+    def serve(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
+        """The call's result (``decide`` said ``REPLAY``), counted in the wrapper's stats: the
+        first set whose results no caller holds replays; if the caller holds them all, the
+        next state's answer (:meth:`held`). The hot path: a loop over a list laid out at each
+        transition."""
+        self.stats.replays += 1
+        for free, run, target in self.sets:
+            if free is None or free():
+                return run(target or entry, leaves, objs, tree)
+        return self.held(entry, leaves, objs, tree)
 
     def held(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
-        """A call while the caller holds the results of ``entry``'s last replay (``gate``
-        busy): a free set's replay, else the next state's answer."""
-        for other in self.others:
-            if not other.plan.lender.busy():
-                return other._replay(leaves, objs, tree)
+        """A call while the caller holds the results of every set (in ``LEND_LATER``: any
+        call): the next state's answer."""
         state = self.state
         if state is LEND_LATER:
             return self._lend_now(entry, leaves, objs, tree)
@@ -173,11 +175,11 @@ class OutputSets:
 
     def release(self, entry: Entry) -> None:
         """``entry`` was released: so are its twins."""
-        if self.state is not RELEASED:
-            self._move(entry, RELEASED)
         for other in self.others:
             other.release()
         self.others = []
+        if self.state is not RELEASED:
+            self._move(entry, RELEASED)
 
     def _recorder_now(self) -> Recorder:
         recorder = self._recorder()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+from tensordict import TensorDict
 
 from ._tree import NO_TDS, Layout, Slot, flatten, is_slot_value
 
@@ -222,16 +223,28 @@ class InputSpec:
         """The call's leaves and slot values if they match the capture, else ``None``."""
         if self.n_positional == len(args) and not kwargs:
             # positional tensors only, as captured: the arguments are the leaves; a
-            # non-tensor among them fails the tensor check
-            if self.matches(args):
-                return args, NO_TDS
-            return None
+            # non-tensor among them fails the tensor check (matches(), inlined: the commonest call)
+            guard = self._guard
+            if guard is not None:
+                try:
+                    if guard.check(*args):
+                        return args, NO_TDS
+                except TypeError:  # a non-tensor where a tensor was captured
+                    return None
+            return (args, NO_TDS) if self._decide(args) else None
         if self.lone_slot is not None and len(args) == 1 and not kwargs:
             obj = args[0]
-            leaves = self.lone_slot.read(obj) if is_slot_value(obj) else None
-            if leaves is not None and self.matches(leaves):
-                return leaves, {0: obj}
-            return None
+            leaves = self.lone_slot.read(obj) if type(obj) is TensorDict or is_slot_value(obj) else None
+            if leaves is None:
+                return None
+            guard = self._guard  # (matches(), inlined: every leaf is a tensor)
+            if guard is not None:
+                try:
+                    if guard.check(*leaves):
+                        return leaves, {0: obj}
+                except TypeError:
+                    return None
+            return (leaves, {0: obj}) if self._decide(leaves) else None
         flat_call = self.flat_call
         if flat_call is not None and len(args) == flat_call.n_args and tuple(kwargs) == flat_call.names:
             # each argument one leaf, keywords in the captured order: no flatten; a

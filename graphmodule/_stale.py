@@ -67,7 +67,9 @@ class Watch(Discovery):
         addresses of the distinct tensors (``p.data = ...`` keeps the object, not its memory).
         Only a place holding another object (an equal float rebound, a new tensor over the
         same memory) takes the slower comparison."""
-        if not self._places_same():
+        flag = self._flag
+        # (every place in a dict that a watcher covers, none changed: nothing to read there)
+        if (flag is None or flag.raised or not self._dicts_only) and not self._places_same():
             return False
         grads = self._grads
         if grads is not None:
@@ -193,6 +195,7 @@ class Watch(Discovery):
         self._u_containers = [p[0] for p in unwatched]
         self._u_keys = [p[1] for p in unwatched]
         self._u_objects = self._place_objects[:len(unwatched)]
+        self._dicts_only = not unwatched and not cells
         self._kinds = [p[3] for p in places + cells]
         slots: dict[int, int] = {}
         self._slot = [slots.setdefault(id(t), len(slots)) for t in self._tensors]

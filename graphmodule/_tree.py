@@ -242,7 +242,8 @@ class Slot:
     def _read_fast(self, td: Any) -> list | None:
         if type(td) is not TensorDict:
             return None if self.exact else self._read_general(td)
-        if td.batch_size != self.batch_size or td._is_locked != self.locked:
+        # (a TensorDict's own fields: its properties are a frame each, at every call)
+        if td._batch_size != self.batch_size or td._is_locked != self.locked:
             return None
         out: list = []
         try:
@@ -272,7 +273,7 @@ class Slot:
 
 
 def _read_dense(node: Node, td: TensorDict, out: list, top: bool = False) -> bool:
-    if not top and td.batch_size != node.batch_size:
+    if not top and td._batch_size != node.batch_size:
         return False
     d = td._tensordict
     if node.exact:
@@ -283,7 +284,7 @@ def _read_dense(node: Node, td: TensorDict, out: list, top: bool = False) -> boo
             return True
         values = d.values()
     else:
-        values = [d[name] for name in node.keys]
+        values = map(d.__getitem__, node.keys)  # (a missing key raises KeyError: not this layout)
     for (_, child), value in zip(node.entries, values):
         if type(child) is int:
             out.append(value)
