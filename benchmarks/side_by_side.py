@@ -26,8 +26,9 @@ from workloads import LABELS, VARIANTS  # noqa: E402
 # A TensorDict workload is compared with the floor of its plain twin (the same network);
 # None: no floor (the hand-written loop would copy leaves the module never reads).
 FLOOR_OF = {"policy_td_b1": "policy_b1", "nested_td_12leaves_b64": None, "many_leaves_td_64": None}
-SHOWN = ("eager", "floor", "tensordict", "compile", "graphmodule", "graphmodule_clone", "graphmodule_static")
-HEADINGS = {"graphmodule": "graphmodule (default)", "graphmodule_clone": "`outputs=\"clone\"`",
+SHOWN = ("eager", "floor", "tensordict", "compile", "graphmodule", "graphmodule_dropped", "graphmodule_clone",
+         "graphmodule_static")
+HEADINGS = {"graphmodule": "graphmodule (default, result held)", "graphmodule_dropped": "result dropped", "graphmodule_clone": "`outputs=\"clone\"`",
             "graphmodule_static": "`outputs=\"static\"`", "compile": "torch.compile"}
 
 

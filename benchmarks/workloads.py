@@ -271,13 +271,19 @@ def variant(name: str, case: Case) -> Callable[[], Any] | None:
     from graphmodule import CudaGraphModule
 
     # graphmodule: the default outputs ("safe": lent, never overwritten while held)
-    outputs = {"graphmodule": "safe", "graphmodule_clone": "clone", "graphmodule_static": "static"}[name]
+    outputs = {"graphmodule": "safe", "graphmodule_dropped": "safe", "graphmodule_clone": "clone",
+               "graphmodule_static": "static"}[name]
     g = CudaGraphModule(case.fn, warmup=case.warmup, outputs=outputs)
+    if name == "graphmodule_dropped":
+        def dropped() -> None:  # the result gone before the next call, as in a loop that drops it
+            g(*args, **kwargs)
+
+        return dropped
     return lambda: g(*args, **kwargs)
 
 
-VARIANTS = ("eager", "floor", "floor_clone", "tensordict", "compile", "graphmodule", "graphmodule_clone",
-            "graphmodule_static")
+VARIANTS = ("eager", "floor", "floor_clone", "tensordict", "compile", "graphmodule", "graphmodule_dropped",
+            "graphmodule_clone", "graphmodule_static")
 
 
 def run_context(case: Case):
