@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from graphmodule import CudaGraphModule, StaleGraphError, UnsupportedError
+from tests.test_stale import X, _captured  # (a module captured on X, simulated)
 
-X = torch.ones(2, 3)
 SCALE = 2.0
 LEVEL = np.array(2.0)  # a global numpy 0-d array, written in place by the tests
 
@@ -35,14 +35,6 @@ class Config:
 @dataclasses.dataclass(frozen=True)
 class Frozen:
     gain: float = 1.0
-
-
-def _captured(module, **options):
-    g = CudaGraphModule(module, warmup=1, backend="simulate", **options)
-    with torch.no_grad():
-        g(X)
-        g(X)
-    return g
 
 
 def _stale(g) -> list[tuple[str, str]]:
