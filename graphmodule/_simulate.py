@@ -298,16 +298,31 @@ def _made(schema: Any, result: Any, args: tuple, kwargs: dict) -> tuple:
     made = []
     position = 0
     inputs = None
+    memory = None
     for ret, value in zip(schema.returns, results):
         leaves = tree_leaves(value)
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor) and ret.alias_info is None:
+            if isinstance(leaf, torch.Tensor):
                 if inputs is None:  # (an operation that hands back an input object: nothing made)
-                    inputs = {id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-                if id(leaf) not in inputs:
-                    made.append((position, leaf))
+                    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+                    inputs = {id(t) for t in tensors}
+                if ret.alias_info is None:
+                    if id(leaf) not in inputs:
+                        made.append((position, leaf))
+                elif id(leaf) not in inputs:
+                    # may alias (aten::to, reached undecomposed under inference mode): made where
+                    # it copied, in memory none of its inputs has
+                    if memory is None:
+                        memory = {_ptr(t) for t in tensors}
+                    if _ptr(leaf) not in memory and _ptr(leaf) != 0:
+                        made.append((position, leaf))
             position += 1
     return tuple(made)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    storage = _storage(t)
+    return storage.data_ptr() if storage is not None else 0
 
 
 def record(body: Callable[[], Any]) -> SimulatedGraph:
