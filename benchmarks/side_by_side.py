@@ -28,8 +28,7 @@ from workloads import LABELS, VARIANTS  # noqa: E402
 FLOOR_OF = {"policy_td_b1": "policy_b1", "nested_td_12leaves_b64": None, "many_leaves_td_64": None}
 SHOWN = ("eager", "floor", "tensordict", "compile", "graphmodule", "graphmodule_dropped", "graphmodule_clone",
          "graphmodule_static")
-HEADINGS = {"graphmodule": "graphmodule (default), result held", "graphmodule_dropped": "result dropped",
-            "graphmodule_clone": "`outputs=\"clone\"`",
+HEADINGS = {"graphmodule": "graphmodule (default, result held)", "graphmodule_dropped": "result dropped", "graphmodule_clone": "`outputs=\"clone\"`",
             "graphmodule_static": "`outputs=\"static\"`", "compile": "torch.compile"}
 
 

@@ -18,7 +18,9 @@ Modules, one concept each:
 - ``_entry``: one captured graph as one value; ``decide``, whether a call replays it (the
   one decision every path takes); the replay path (``_run``: a graph's replay laid out once
   for the common calls: one result, or a TensorDict module's writes).
-- ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's place.
+- ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's
+  place; without CUDA, checked by a simulated capture of its first call, so that it is refused
+  where a GPU's graph would be, with the same messages.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
 - ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
 - ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.
@@ -34,7 +36,10 @@ Modules, one concept each:
 - ``_outputsets``: ``OutputSets``, the state machine of ``outputs="safe"``: lent results,
   twins, copies (``_lend``: lending the buffers; ``_twin``: a twin's own buffers).
 - ``_discover``: what the graph reads from outside its inputs, found at capture
-  (``_pyeffects``: the Python state a function changes, refused at capture).
+  (``_reads``: the attribute chains code reads off ``self``, its globals and closure
+  variables, found in its bytecode; ``_places``: watched places other than a container entry,
+  and the Python values watched by value; ``_pyeffects``: the Python state a function
+  changes, refused at capture).
 - ``_stale``: the check, at every call, that what it reads is unchanged
   (``_dictwatch``: the dict watchers that let it skip what did not change).
 - ``_hooks``: hooks, whose Python a replay would not run: judged at capture by what they do

@@ -26,12 +26,8 @@ call; Python state the function *changes* is refused at capture (``_pyeffects``)
 
 from __future__ import annotations
 
-import dis
 import functools
-import reprlib
 import types
-from itertools import repeat
-from operator import attrgetter, getitem
 from typing import Any, Callable
 
 import torch
@@ -40,12 +36,15 @@ from torch import nn
 
 from ._hookdicts import HookDict, describe_hook, hook_dicts
 from ._hooks import attributes_read, pure
+from ._places import MAX_ARRAY_BYTES, SCALARS, ArrayContent, Contents, Structure, is_array, is_value
+from ._reads import ReadsWalk, internal
+from ._reads import global_names as _global_names  # (the name _pyeffects imports)
 from ._surface import WrapperSurface
 
 __all__ = ["Discovery", "MAX_DEPTH"]
 
 MAX_DEPTH = 4
-_SCALARS = (int, float, bool, str, complex, type(None))
+_SCALARS = SCALARS
 _data_ptr = torch.Tensor.data_ptr
 _WORTH = (torch.Tensor, nn.Module, torch.optim.Optimizer, TensorDictBase, types.FunctionType,
           types.MethodType, functools.partial, list, tuple, dict)
@@ -54,106 +53,6 @@ _WORTH = (torch.Tensor, nn.Module, torch.optim.Optimizer, TensorDictBase, types.
 # Python attributes that a torch module's forward never reads (exact types only: a subclass
 # may read them): watching them would cost every call and protect nothing.
 _UNREAD = {nn.Linear: frozenset({"in_features", "out_features"})}
-
-_INTERNAL_PACKAGES = frozenset({"torch", "tensordict", "graphmodule", "functools", "typing", "contextlib"})
-
-
-def _internal(fn: Any) -> bool:
-    """Functions of torch, tensordict and the standard library: not the user's Python state."""
-    module = getattr(fn, "__module__", None) or ""
-    return module.split(".", 1)[0] in _INTERNAL_PACKAGES
-
-
-class _Scalars:
-    """The Python scalars of a list or dict a function names (``scale[0]``, ``cfg["tau"]``),
-    watched as one place: ``self[None]`` is ``self`` while the container holds the captured
-    keys, in order, and entries equal to the captured ones (C-level comparisons, where an
-    entry still the captured object costs no ``==``), else a :class:`_Now` showing its
-    scalars. A graph bakes in the values it read; a container that grew may be read
-    otherwise (``lst[-1]``, a loop over a dict). Entries that are not scalars are watched
-    by identity besides, as elsewhere."""
-
-    __slots__ = ("obj", "keys", "values", "scalar_keys", "scalar_values")
-
-    def __init__(self, obj: list | dict):
-        self.obj = obj
-        self.keys = list(obj) if isinstance(obj, dict) else None
-        self.values = list(obj.values()) if isinstance(obj, dict) else list(obj)
-        keys = self.keys if self.keys is not None else range(len(obj))
-        pairs = [(k, v) for k, v in zip(keys, self.values) if isinstance(v, _SCALARS)]
-        self.scalar_keys, self.scalar_values = [k for k, _ in pairs], [v for _, v in pairs]
-
-    def __getitem__(self, _: Any) -> Any:
-        obj = self.obj
-        try:
-            if self.keys is None:
-                if obj == self.values:
-                    return self
-            elif list(obj) == self.keys and list(obj.values()) == self.values:
-                return self
-        except Exception:  # noqa: BLE001 - an entry whose == is not a truth value (a new tensor)
-            pass
-        return _Now(self)
-
-    def __repr__(self) -> str:
-        return _show_scalars(self.keys is None and len(self.scalar_keys) == len(self.values), self.scalar_keys,
-                             self.scalar_values)
-
-
-_requires_grad = attrgetter("requires_grad")
-
-
-class _Structure:
-    """What an optimizer's step reads besides values, watched as one place: the number of its
-    param groups and of each group's parameters, which parameters have state, and which
-    require grad (a frozen one gets no gradient eagerly, and its step skips it).
-    ``self[None]`` is ``self`` while all is as at capture, else a :class:`_Shown`."""
-
-    __slots__ = ("opt", "params", "counts", "state", "grads")
-
-    def __init__(self, opt: torch.optim.Optimizer):
-        self.opt = opt
-        self.params = [p for group in opt.param_groups for p in group["params"]]
-        self.counts = [len(group["params"]) for group in opt.param_groups]
-        self.state = len(opt.state)
-        self.grads = list(map(_requires_grad, self.params))
-
-    def __getitem__(self, _: Any) -> Any:
-        opt = self.opt
-        groups = opt.param_groups
-        if (len(opt.state) == self.state and len(groups) == len(self.counts)  # (C-level passes)
-                and list(map(len, map(getitem, groups, repeat("params")))) == self.counts
-                and list(map(_requires_grad, self.params)) == self.grads):
-            return self
-        return _Shown(_show_structure(opt))
-
-    def __repr__(self) -> str:
-        return _show_structure(self.opt, self.counts, self.state, self.params, self.grads)
-
-
-def _show_structure(opt: Any, counts: list | None = None, state: int | None = None, params: list | None = None,
-                    grads: list | None = None) -> str:
-    if counts is None:
-        counts = [len(group["params"]) for group in opt.param_groups]
-        state = len(opt.state)
-        params = [p for group in opt.param_groups for p in group["params"]]
-        grads = list(map(_requires_grad, params))
-    frozen = sum(not g for g in grads)
-    return (f"{len(counts)} param groups of {counts} parameters, {state} with state, "
-            f"{frozen} not requiring grad")
-
-
-class _Shown:
-    """A watched place's content now, as text for the message."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
 
 def containers_in(value: Any, label: str, depth: int = 3) -> list[tuple[Any, Any, Any, str]]:
     """``(container, key, child, place)`` of the lists, dicts and sets held inside ``value`` (a
@@ -168,31 +67,6 @@ def containers_in(value: Any, label: str, depth: int = 3) -> list[tuple[Any, Any
             out.append((value, key, child, where))
             out += containers_in(child, where, depth - 1)
     return out
-
-
-class _Now:
-    """What a watched container holds now, for the message (see :class:`_Scalars`)."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, place: _Scalars):
-        obj = place.obj
-        keys = list(obj) if isinstance(obj, dict) else list(range(len(obj)))
-        pairs = [(k, obj[k]) for k in keys if isinstance(obj[k], _SCALARS)]
-        self.text = _show_scalars(isinstance(obj, list) and len(pairs) == len(obj), [k for k, _ in pairs],
-                                  [v for _, v in pairs])
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _show_scalars(whole: bool, keys: list, values: list) -> str:
-    """``[2.0]`` for a list of scalars only (``whole``), ``{key: value}`` for the scalars of
-    anything else."""
-    shown = reprlib.Repr()
-    shown.maxlist = shown.maxdict = 8
-    text = shown.repr(list(values) if whole else dict(zip(keys, values)))
-    return f"{text} ({len(keys)} scalars)" if len(keys) > 8 else text
 
 
 class _Cell:
@@ -213,17 +87,7 @@ class _Cell:
             self.cell.cell_contents = value
 
 
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set()
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL"):
-            names.add(ins.argval)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-class Discovery:
+class Discovery(ReadsWalk):
     """Everything the graph reads from outside its inputs, found from ``fn``: the watched
     places, each as ``(container, key, what it held, label)`` in three lists by kind
     (tensors by address, objects by identity, Python values by value).
@@ -264,6 +128,7 @@ class Discovery:
         self.functions: list[tuple[Callable, str]] = []
         self.modules: list[tuple[nn.Module, str]] = []
         self.leaves: list[tuple[torch.Tensor, str]] = []  # (backward_hooks) leaves requiring grad: their hooks
+        self._reads_init()
         self._visit(fn, label or ("module" if isinstance(fn, nn.Module) else "the wrapped callable"), 0)
         if backward_hooks:
             self._leaf_hooks()
@@ -280,14 +145,22 @@ class Discovery:
         with the Python scalars of the lists and dicts found there)."""
         if self._skip and (id(container), key) in self._skip:
             return
+        self._bound.add((id(container), key))
         if isinstance(value, torch.Tensor):
             self.externals[id(value)] = value
             for lst, item in zip(self._t, (container, key, _data_ptr(value), label)):
                 lst.append(item)
             self._tensors.append(value)
-        elif isinstance(value, _SCALARS):
+        elif is_value(value):
             for lst, item in zip(self._v, (container, key, value, label)):
                 lst.append(item)
+        elif is_array(value):  # by identity, and its bytes (written in place, it is the same object)
+            for lst, item in zip(self._o, (container, key, value, label)):
+                lst.append(item)
+            if value.nbytes <= MAX_ARRAY_BYTES:
+                place = ArrayContent(value)
+                for lst, item in zip(self._v, (place, None, place, label)):
+                    lst.append(item)
         else:
             for lst, item in zip(self._o, (container, key, value, label)):
                 lst.append(item)
@@ -312,6 +185,7 @@ class Discovery:
         elif isinstance(obj, types.MethodType):
             self._visit(obj.__self__, label, depth)
             self._visit(obj.__func__, label, depth)
+            self._method(obj.__func__, obj.__self__, label, depth)  # what it reads off its self
         elif isinstance(obj, types.FunctionType):
             self._function(obj, depth)
         elif isinstance(obj, (list, tuple, dict)):
@@ -319,8 +193,9 @@ class Discovery:
             for key, item in items:
                 if not isinstance(item, _SCALARS):
                     self._bind(obj, key, item, f"{label}[{key!r}]", depth, scalars)
-            if scalars and not isinstance(obj, tuple) and any(isinstance(item, _SCALARS) for _, item in items):
-                place = _Scalars(obj)
+            # read whole (its length, keys and entries), but where the function rebinds entries
+            if scalars and not isinstance(obj, tuple) and not any((id(obj), key) in self._skip for key, _ in items):
+                place = Contents(obj)
                 for lst, item in zip(self._v, (place, None, place, label)):
                     lst.append(item)
         elif isinstance(obj, WrapperSurface):
@@ -334,6 +209,7 @@ class Discovery:
             inner = compiled or getattr(obj, "__wrapped__", None)
             if inner is not None:
                 self._visit(inner, label, depth)
+            self._method(getattr(type(obj), "__call__", None), obj, label, depth)  # (a class of the user's)
             # Python scalars of arbitrary objects are not watched: counters on an object the
             # function merely mentions would make every call stale.
             attrs = vars(obj)
@@ -362,7 +238,7 @@ class Discovery:
         compiled = getattr(fn, "_torchdynamo_orig_callable", None)
         self.compiled = self.compiled or compiled is not None
         wrapped = getattr(fn, "__wrapped__", None) or compiled
-        if _internal(fn):  # torch's own wrappers (torch.compile's): only what they wrap is user code
+        if internal(fn):  # torch's own wrappers (torch.compile's): only what they wrap is user code
             if wrapped is not None:
                 self._visit(wrapped, getattr(wrapped, "__qualname__", "the wrapped function"), depth)
             return
@@ -382,6 +258,7 @@ class Discovery:
         for i, value in enumerate(fn.__defaults__ or ()):
             if not isinstance(value, _SCALARS):
                 self._visit(value, f"default argument {i} of {name}", depth + 1)
+        self._reads_off_names(fn, name, depth)
         if wrapped is not None:
             self._visit(wrapped, name, depth)
 
@@ -406,7 +283,7 @@ class Discovery:
             for name, value in list(attrs.items()):
                 if name.startswith("_") or name == "training" or name in unread:
                     continue
-                if isinstance(value, (torch.Tensor, *_SCALARS)):
+                if isinstance(value, torch.Tensor) or is_value(value) or is_array(value):
                     self._bind(attrs, name, value, f"{where}.{name}", depth)
                 elif callable(value) or isinstance(value, (torch.optim.Optimizer, TensorDictBase)):
                     self._bind(attrs, name, value, f"{where}.{name}", depth)
@@ -414,6 +291,9 @@ class Discovery:
                     self._held(attrs, name, value, f"{where}.{name}")
             self._seen.add(id(m))
             self._hooks(hook_dicts([(m, where)], self._backward_hooks), depth)
+            for klass in type(m).__mro__:  # the forwards of the user's classes: what their code reads
+                if "forward" in vars(klass):
+                    self._method(vars(klass)["forward"], m, where, depth)
 
     def _hooks(self, dicts: list[HookDict], depth: int) -> None:
         """The Python hooks a call runs (a module's and the global ones, an optimizer's, a
@@ -427,7 +307,6 @@ class Discovery:
                 if pure(hook):
                     continue
                 label = f"{d.where}: {describe_hook(d, hook)}"
-                self._visit(hook, label, depth + 1)
                 reads = attributes_read(hook)
                 if not d.is_global and isinstance(d.owner, (nn.Module, torch.optim.Optimizer)):
                     attrs = vars(d.owner)
@@ -439,6 +318,7 @@ class Discovery:
                     for name in sorted(reads.bound_names):
                         if name in attrs:
                             self._bind(attrs, name, attrs[name], f"self.{name} of {label}", depth)
+                self._visit(hook, label, depth + 1)  # (after: what it reads is named after the hook)
 
     def _leaf_hooks(self) -> None:
         """The leaves that require grad (parameters), whose hooks a backward inside the graph
@@ -458,7 +338,7 @@ class Discovery:
         for lst, item in zip(self._o, (attrs, "state", opt.state, f"{label}.state")):
             lst.append(item)
         self._hooks(hook_dicts([], False, optimizers=[(opt, label)]), depth)  # its step hooks, torch's global ones
-        place = _Structure(opt)  # groups, their parameters, which have state and require grad
+        place = Structure(opt)  # groups, their parameters, which have state and require grad
         for lst, item in zip(self._v, (place, None, place, f"{label}'s structure")):
             lst.append(item)
         for g, group in enumerate(opt.param_groups):

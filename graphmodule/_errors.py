@@ -249,8 +249,9 @@ class StaleGraphError(GraphModuleError, RuntimeError):
         lines += [f"  {where}: {what}" for where, what in self.changes]
         again = "warm up and capture again" if captured else "warm up again"
         lines.append(
-            "To fix: update tensors in place (p.copy_(new), opt.load_state_dict(...), "
-            "load_state_dict(sd) without assign=True), keep values that change in tensors "
+            "To fix: update tensors in place (p.copy_(new), module.load_state_dict(sd) without "
+            "assign=True, an optimizer's state tensors with copy_: opt.load_state_dict replaces them), "
+            "keep values that change in tensors "
             f"(e.g. a tensor learning rate), or pass on_stale='recapture' to {again} "
             "whenever this happens."
         )

@@ -25,7 +25,7 @@ from operator import attrgetter, is_
 
 import torch
 
-__all__ = ["Required"]
+__all__ = ["Required", "StatesOnly"]
 
 Tensor = torch.Tensor
 
@@ -108,6 +108,27 @@ class Required:
             elif _data_ptr(g) != ptr or g.stride() != stride:
                 out.append((f"{label}.grad", _OTHER))
         return out
+
+
+class StatesOnly(Required):
+    """:class:`Required` for a signature served without a graph (``_eager``): whether each
+    ``.grad`` is ``None`` is still the signature (a GPU captures a graph for each state), but
+    no memory is read at a fixed address, so any tensor will do where one was found."""
+
+    @classmethod
+    def of(cls, required: Required) -> StatesOnly:
+        out = cls()
+        out.__dict__.update(required.__dict__)
+        return out
+
+    def same(self) -> bool:
+        return not self.other_state()
+
+    def moved(self) -> bool:
+        return False
+
+    def changes(self) -> list[tuple[str, str]]:
+        return [(place, what) for place, what in super().changes() if what is not _OTHER]
 
 
 _NOT_NONE = ("a tensor, where the capture found None (eagerly the step's backward would add into it; the graph "

@@ -18,8 +18,9 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from ._discover import Discovery
 from ._dispatch import add_required, by_key_paths, fit_batch
-from ._eager import EagerEntry
+from ._eager import CheckingRunner, EagerEntry, checked_entry
 from ._entry import NOT_SERVED, OTHER, REPLAY, STALE, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._explain import explain_mismatches
@@ -75,8 +76,9 @@ NOT_RUN = object()  # (Graphs.eager: the call has not run yet)
 
 
 def _untie_hook_weights(module: Any) -> None:
-    """Before the function runs on the side stream (a warmup call, a capture) in grad mode:
-    see :func:`~graphmodule._hooks.detach_hook_weights`."""
+    """Before a warmup call, which runs the function on the side stream, in grad mode: see
+    :func:`~graphmodule._hooks.detach_hook_weights` (a capture's ``record`` does it with the
+    modules its walk found)."""
     if torch.is_grad_enabled():
         detach_hook_weights(module)
 
@@ -119,6 +121,8 @@ class Graphs:
         self.returned_input: bool | None = None  # a TensorDict module's warmup returned its input
         self.warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
         self.layer_hint = False  # the last warmup call returned tensors that track gradients (_grad)
+        # without CUDA: what captures a signature's first call, to check it as a GPU would (_eager)
+        self.checking = None if runner.kind.captures else CheckingRunner()
 
     # -- finding a call's graph ----------------------------------------------------------
     def find(self, args: tuple, kwargs: dict, mode: Any) -> Found:
@@ -279,22 +283,29 @@ class Graphs:
         by_key = by_key_paths(self.in_keys, "tensordict_out" in kwargs)  # the TensorDicts read by key
         return read_call(self.owner, (args, kwargs), by_key, self.arg_names, self.runner.device)
 
-    def capture(self, call: CallRead, mode: Any, warmed: Warming | None = None) -> Entry:
+    def capture(self, call: CallRead, mode: Any, warmed: Warming | None = None,
+                found: Discovery | None = None) -> Entry:
         """Capture ``call``: the new graph, the most recently used (its call's result is
         ``entry.finish(...)``); ``warmed``: its signature's warmup record, if counted per
-        signature. Raises the runner's :class:`~graphmodule.CaptureError`."""
+        signature; ``found``: the walk from the function just taken (``record``'s). Raises the
+        runner's :class:`~graphmodule.CaptureError`. Without CUDA the entry is an
+        :class:`EagerEntry`, checked by a simulated capture (``_eager.checked_entry``)."""
         layer_hint = self.layer_hint if warmed is None else warmed.layer_hint
         warm_keys = self.warm_keys if warmed is None else warmed.keys
+        eager_keys = warm_keys if not self.entries else None
+        if self.checking is not None:
+            entry = checked_entry(self.owner, self.module, call, mode, eager_keys, self.checking, self.runner,
+                                  self.stats, found)
+            self.entries.insert(0, entry)
+            return entry
         # outputs="safe" where the pool already holds a graph (another signature's, another
         # wrapper's): results lent from this capture's memory could sit where that graph
         # writes its temporaries. This call returns copies; the next one captures it again
         # with its results copied out of the pool (a twin of it, see _twin), which lends them.
         lend_later = self.lend and not layer_hint and self.runner.pool.in_use()
-        _untie_hook_weights(self.module)
         entry, _ = record(owner=self.owner, module=self.module, runner=self.runner, layout=call.layout,
                           leaves=call.leaves, mode=mode, clone=self.clone, lend=self.lend and not lend_later,
-                          texts=call.texts, objs=call.objs, eager_keys=warm_keys if not self.entries else None,
-                          alone=layer_hint)
+                          texts=call.texts, objs=call.objs, eager_keys=eager_keys, alone=layer_hint, found=found)
         self.entries.insert(0, entry)
         stats = self.stats
         stats.captures += 1
@@ -306,16 +317,12 @@ class Graphs:
                    lend_later=lend_later and entry.layer is None and bool(entry.plan.graph))
         return entry
 
-    def eager(self, call: CallRead, mode: Any, watch: Watch, ran: Any = NOT_RUN) -> tuple[EagerEntry, Any]:
-        """``call``'s signature served eagerly, without a graph (the runner captures none, or
-        its capture failed with ``on_capture_failure="eager"``): its entry, the most recently
-        used, and the call's result (``ran``, where the call already ran, else run now).
-
-        What a capture refuses before running the function (autocast's cache over what the
-        graph reads, inference tensors autograd would save; ``watch``: what it reads, taken
-        before the call) is refused here too, so that code that runs without CUDA runs on a
-        GPU. What only a capture sees (a host synchronisation, Python state the function or
-        its modules' hooks change) is not."""
+    def eager(self, call: CallRead, mode: Any, watch: Discovery, ran: Any = NOT_RUN) -> tuple[EagerEntry, Any]:
+        """``call``'s signature served eagerly, without a graph, after its capture failed with
+        ``on_capture_failure="eager"``: its entry, the most recently used, and the call's
+        result (``ran``, where the call already ran, else run now). What a capture refuses
+        before running the function (``_mode.check_capture``; ``watch``: what it reads, taken
+        before the call) is refused here too."""
         args, kwargs = call.tree
         if ran is NOT_RUN:
             check_capture(self.owner, mode, watch.tensors(), list(zip(call.texts, call.leaves)))
@@ -342,7 +349,6 @@ class Graphs:
         ``decide`` let through may pass one tensor twice where ``entry`` has two buffers, or
         other gaps between elements), with ``entry``'s signature."""
         alone = entry.layer is not None
-        _untie_hook_weights(self.module)
         return record(owner=self.owner, module=self.module, runner=self.runner, layout=entry.spec.layout,
                       leaves=_laid_out_as(entry, leaves), mode=entry.mode, clone=True, lend=lend,
                       texts=entry.texts, objs=objs, alone=alone, like=None if alone else like, spec=entry.spec)[0]

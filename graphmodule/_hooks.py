@@ -93,11 +93,12 @@ def pure(hook: Any) -> bool:
     return isinstance(hook, _PURE) or isinstance(getattr(hook, "__self__", None), _PURE_OWNERS)
 
 
-def detach_hook_weights(fn: Any) -> None:
+def detach_hook_weights(fn: Any, modules: list | None = None) -> bool:
     """Before a warmup call or capture in grad mode: replace the weights that ``weight_norm``,
     ``spectral_norm`` and pruning hooks on the modules ``fn`` reaches computed at an earlier
     call (or when they were applied), which each module keeps as an attribute until its hook
-    computes the next one, by detached ones.
+    computes the next one, by detached ones. ``modules``: those modules as ``(module, place)``,
+    where a walk from ``fn`` already found them (a capture's). Whether it replaced any.
 
     Such a weight's autograd graph keeps its parameters' gradient accumulators (autograd's
     AccumulateGrad nodes) alive, and each runs on the stream it was made on: for the weight
@@ -115,18 +116,22 @@ def detach_hook_weights(fn: Any) -> None:
         >>> _ = net(torch.ones(1, 2))
         >>> held = net.weight  # the forward's weight, with its graph
         >>> detach_hook_weights(net)
+        True
         >>> net.weight.grad_fn is None, held.grad_fn is None, torch.equal(net.weight, held)
         (True, False, True)
     """
     from ._discover import Discovery
 
-    for module, _ in Discovery(fn).modules:
+    detached = False
+    for module, _ in Discovery(fn).modules if modules is None else modules:
         for hook in list(module._forward_pre_hooks.values()):
             if isinstance(hook, _WEIGHT_HOOKS):
                 name = getattr(hook, "_tensor_name", None) or hook.name
                 weight = vars(module).get(name)
                 if isinstance(weight, torch.Tensor) and weight.grad_fn is not None:
                     setattr(module, name, weight.detach())
+                    detached = True
+    return detached
 
 
 # -- the opt-in: a hook whose Python effects may run at the warmup calls and the capture only --

@@ -13,8 +13,9 @@ the held graphs only in Python values and modes (``_variants``); by default each
 first included, is captured after ``warmup`` calls of its own.
 
 In ``EAGER`` a signature's "graph" is an ``EagerEntry``, which runs the function on each
-call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs,
-so a wrapper without CUDA accepts and refuses what it would on a GPU.
+call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs.
+Without CUDA its capture is a simulated one (``_eager.CheckingRunner``), which raises what a
+capture raises, so a wrapper without CUDA accepts and refuses what it would on a GPU.
 
 A call that the most recent graph replays (``_entry.decide``) takes the hot path in
 :meth:`__call__`; every other call (warmup, a capture, another graph, a stale graph, a
@@ -36,6 +37,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, dispatch
 
 from ._diagnose import USER_ERROR
+from ._discover import Discovery
 from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
 from ._distributed import check_capture, explain_failure, note_capture
 from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
@@ -49,7 +51,6 @@ from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
 from ._backend import make_runner
 from ._scope import SCOPE
-from ._stale import Watch
 from ._stats import GraphStats
 from ._surface import WrapperSurface
 from ._variants import Room
@@ -392,14 +393,15 @@ class CudaGraphModule(WrapperSurface):
 
     def _capture(self, args: tuple, kwargs: dict, warmed: Warming | None = None) -> Any:
         call = self._graphs.read(args, kwargs)
-        watch = Watch(self.module)
+        watch = Discovery(self.module)  # what it reads (the graph's Watch is taken by the capture)
         reader = self._mode or mode_reader(watch)
         mode = reader.read()
-        if not self._runner.kind.captures or self._eager_only:
+        if self._eager_only:
             return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
         try:
             check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
-            entry = self._graphs.capture(call, mode, warmed)
+            # (without CUDA: a simulated capture checks the call, then its signature runs eagerly)
+            entry = self._graphs.capture(call, mode, warmed, found=watch)
         except CaptureError as err:
             err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
             err = explain_optimizers(err, watch, self.device)  # which optimizer, and why (_optim)
@@ -413,11 +415,14 @@ class CudaGraphModule(WrapperSurface):
             return self._capture_failed(err, call, mode, reader, watch, ran=out, warmed=warmed)
         self._graphs.warmed(warmed)
         self._first_reader(reader)
-        self._state = State.CAPTURED
-        note_capture(self)  # released before its process groups are destroyed (_distributed)
+        if entry.handle is None:  # (no CUDA)
+            self._state = State.EAGER
+        else:
+            self._state = State.CAPTURED
+            note_capture(self)  # released before its process groups are destroyed (_distributed)
         return entry.finish(call.leaves, call.objs, call.tree)
 
-    def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, watch: Watch,
+    def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, watch: Discovery,
                         ran: Any = NOT_RUN, warmed: Warming | None = None) -> Any:
         """A failed capture; ``ran`` is the call's result if it already ran eagerly."""
         self._stats.capture_failures += 1
@@ -435,7 +440,7 @@ class CudaGraphModule(WrapperSurface):
         self._eager_only = True
         return self._run_eagerly(call, reader, mode, watch, ran, warmed)
 
-    def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Watch, ran: Any = NOT_RUN,
+    def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Discovery, ran: Any = NOT_RUN,
                      warmed: Warming | None = None) -> Any:
         """State.EAGER: this call's signature runs eagerly from now on, checked as a graph's."""
         _, out = self._graphs.eager(call, mode, watch, ran)

@@ -24,11 +24,12 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 from torch.nn.utils import parametrize as _parametrize
 
+from ._discover import Discovery
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
-from ._hooks import HookEffects
+from ._hooks import HookEffects, detach_hook_weights
 from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
 from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
@@ -228,7 +229,7 @@ def _undo(hooks: HookEffects, bindings: Bindings, python: PythonEffects) -> None
     python.undo()
 
 
-def mode_reader(watch: Watch) -> ModeReader:
+def mode_reader(watch: Discovery) -> ModeReader:
     return ModeReader([m for m, _ in watch.modules], [label for _, label in watch.modules])
 
 
@@ -248,6 +249,7 @@ def record(
     alone: bool = False,
     like: Entry | None = None,
     spec: InputSpec | None = None,
+    found: Discovery | None = None,
 ) -> tuple[Entry, Materialized]:
     """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
 
@@ -256,15 +258,21 @@ def record(
     ``like``: a graph of this call (lending, or returning copies until it is captured again to
     lend): captured beside it, copying its results into buffers of its own, laid out as
     ``like``'s (see ``_twin``). ``spec``: the signature the graph serves (another graph's, for
-    a capture made from that graph's layout), else the one ``leaves`` have.
+    a capture made from that graph's layout), else the one ``leaves`` have. ``found``: a walk
+    from ``module`` (without backward hooks) taken since the last Python ran: with grad
+    disabled, the walk a capture takes first.
 
     Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
     for an effect or output a replay could not reproduce (the graph is released then).
     """
     spec = spec or InputSpec(layout, leaves, mode)
     grad = torch.is_grad_enabled()
-    # what exists before the capture: parameters, state... (and the backward hooks a train step runs)
-    before = Watch(module, backward_hooks=grad)
+    # what exists before the capture: parameters, state... (and the backward hooks a train step runs);
+    # a walk only: the entry's Watch, checked at every call, is taken after the capture
+    before = found if found is not None and not grad else Discovery(module, backward_hooks=grad)
+    # weights a weight_norm hook computed at an earlier call, detached first (_hooks); found again then
+    if grad and detach_hook_weights(module, before.modules):
+        before = Discovery(module, backward_hooks=grad)
     check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
     inputs = StaticInputs(layout, leaves)
     tracked = track_inputs(owner, inputs, leaves, texts) if grad else []

@@ -33,21 +33,23 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any, Callable, NamedTuple
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ._lend import by_address
 
-__all__ = ["HOST_SYNC", "Op", "SimulatedGraph", "record"]
+__all__ = ["HOST_SYNC", "Op", "SimulatedGraph", "excusing_optimizer_syncs", "record"]
 
 aten = torch.ops.aten
 
 # the error a CUDA capture gives where the host waits for the device (``_diagnose`` names its cause)
-HOST_SYNC = ("operation not permitted when stream is capturing (backend='simulate' refuses what a "
-             "CUDA capture refuses: this operation makes the host wait for the device)")
+HOST_SYNC = ("operation not permitted when stream is capturing (refused as by a CUDA capture: this "
+             "operation makes the host wait for the device)")
 
 # operations whose result the host reads: a device tensor's value must reach the host
 _READS_ON_HOST = {
@@ -226,7 +228,8 @@ class _Recorder(TorchDispatchMode):
         name = schema.name
         if name == "aten::equal" and _equal_on_metadata(args) is not None:
             return _equal_on_metadata(args)  # (no device read on CUDA either)
-        if (name in _READS_ON_HOST or (name in _MASK_INDEXED and _masked(args))) and not _in_engine():
+        if (name in _READS_ON_HOST or (name in _MASK_INDEXED and _masked(args))) and not (
+                _in_engine() or getattr(_EXCUSED, "steps", 0)):
             raise RuntimeError(HOST_SYNC)
         if schema.is_mutable:
             self._save(schema, args, kwargs)
@@ -241,6 +244,38 @@ class _Recorder(TorchDispatchMode):
             self.ops.append(Op(_waited(func) if func.namespace == "c10d" else func, args, kwargs, made))
         # (else a view, or a query of metadata: the capture's result stands at every replay)
         return result
+
+
+_EXCUSED = threading.local()  # steps: optimizer steps of this thread running now whose host syncs are excused
+
+
+def excusing_optimizer_syncs(body: Callable[[], Any]) -> Callable[[], Any]:
+    """``body``, with the host syncs inside optimizer steps not refused while it is recorded.
+
+    For the checks without CUDA (``_eager``): on a GPU the wrapper makes a plain optimizer
+    capturable before its first step (``_optim``), which torch refuses for CPU tensors, so
+    the step counts a plain CPU step reads on the host say nothing of what a GPU refuses."""
+
+    def excused() -> Any:
+        thread = threading.get_ident()
+
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            if threading.get_ident() == thread:
+                _EXCUSED.steps = getattr(_EXCUSED, "steps", 0) + 1
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            if threading.get_ident() == thread:
+                _EXCUSED.steps -= 1
+
+        handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        try:
+            return body()
+        finally:
+            for handle in handles:
+                handle.remove()
+            _EXCUSED.steps = 0
+
+    return excused
 
 
 def _waited(func: Any) -> Callable[..., Any]:
@@ -263,16 +298,31 @@ def _made(schema: Any, result: Any, args: tuple, kwargs: dict) -> tuple:
     made = []
     position = 0
     inputs = None
+    memory = None
     for ret, value in zip(schema.returns, results):
         leaves = tree_leaves(value)
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor) and ret.alias_info is None:
+            if isinstance(leaf, torch.Tensor):
                 if inputs is None:  # (an operation that hands back an input object: nothing made)
-                    inputs = {id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-                if id(leaf) not in inputs:
-                    made.append((position, leaf))
+                    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+                    inputs = {id(t) for t in tensors}
+                if ret.alias_info is None:
+                    if id(leaf) not in inputs:
+                        made.append((position, leaf))
+                elif id(leaf) not in inputs:
+                    # may alias (aten::to, reached undecomposed under inference mode): made where
+                    # it copied, in memory none of its inputs has
+                    if memory is None:
+                        memory = {_ptr(t) for t in tensors}
+                    if _ptr(leaf) not in memory and _ptr(leaf) != 0:
+                        made.append((position, leaf))
             position += 1
     return tuple(made)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    storage = _storage(t)
+    return storage.data_ptr() if storage is not None else 0
 
 
 def record(body: Callable[[], Any]) -> SimulatedGraph:

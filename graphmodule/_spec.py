@@ -5,7 +5,10 @@ none, for positional tensors and for a lone TensorDict), one C++ comparison of e
 tensor's shape, dtype, device, layout and requires_grad (dynamo's ``TensorGuards``, where
 this torch has it, with the Python comparison as the definition) and a tuple comparison of
 the non-tensor constants. It returns ``None`` on any difference; ``_explain`` then walks
-the call again to say what differs.
+the call again to say what differs. Where the guard passes, ``facts`` is not read: a fact
+added there must be one the guard compares too, or calls differing in it would replay
+(``tests/test_spec.py::TestTheGuardShortCut`` checks that a call is served exactly when its
+facts match).
 
 Strides are no part of the signature: ``copy_`` writes a tensor of any layout (transposed,
 sliced, expanded, at another offset) into the captured buffer, which is dense (``_inputs``),

@@ -24,7 +24,7 @@ from . import _dictwatch
 from ._discover import MAX_DEPTH, Discovery, _Cell
 from ._pyeffects import PythonEffects
 from ._hookdicts import HookWatch, describe_hook
-from ._spec import same_constant
+from ._places import same_value
 
 __all__ = ["Watch", "PythonEffects", "MAX_DEPTH"]
 
@@ -140,7 +140,7 @@ class Watch(Discovery):
             if kind is None:  # an object: identity is what the graph depends on
                 return False
             if kind == "value":
-                if not same_constant(now[i], objects[i]):
+                if not same_value(now[i], objects[i]):
                     return False
             elif kind == "hooks":  # a hook registered somewhere: on these modules?
                 if not self.hooks.same():
@@ -259,4 +259,4 @@ def _object_change(now: Any, obj: Any) -> str | None:
 
 
 def _value_change(now: Any, value: Any) -> str | None:
-    return None if same_constant(now, value) else f"{value!r} at capture, {now!r} now (the graph uses {value!r})"
+    return None if same_value(now, value) else f"{value!r} at capture, {now!r} now (the graph uses {value!r})"

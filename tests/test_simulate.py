@@ -71,6 +71,19 @@ class TestOperations:
             torch.testing.assert_close(state, twin)
         assert g.stats.replays == 3
 
+    def test_a_cast_that_may_alias_is_replayed_where_it_copied(self):
+        """Under inference mode, autocast's casts reach the recorder as ``aten::to``, whose schema
+        says its result may alias its input: where it copied, the replay casts the new input
+        (it replayed the capture's cast values)."""
+        torch.manual_seed(0)
+        m = nn.Linear(2, 2)
+        g = CudaGraphModule(m, warmup=1, backend="simulate")
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, cache_enabled=False):
+            for _ in range(4):
+                x = torch.randn(3, 2)
+                assert torch.equal(g(x), m(x))
+        assert g.stats.replays == 3
+
     def test_views_and_writes_through_them(self, graph_backend):
         def fn(x):
             h = x + 1
@@ -174,8 +187,8 @@ class TestHostSyncs:
         if graph_backend == "simulate":
             assert str(info.value).startswith(
                 "CudaGraphModule(<lambda>) failed to capture its CUDA graph at test_simulate.py:")
-            assert (": RuntimeError: operation not permitted when stream is capturing (backend='simulate' refuses "
-                    "what a CUDA capture refuses: this operation makes the host wait for the device)\n"
+            assert (": RuntimeError: operation not permitted when stream is capturing (refused as by a CUDA "
+                    "capture: this operation makes the host wait for the device)\n"
                     "Likely cause (host-sync): ") in str(info.value)
 
     @pytest.mark.parametrize("line", [

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from graphmodule import CudaGraphModule, InputMismatchError, Mismatch, RequiresGradError
-from graphmodule._spec import FlatCall
+from graphmodule._spec import FlatCall, facts
 
 
 def _captured(make, fn, *args, max_graphs=1, **kwargs):
@@ -404,3 +404,40 @@ class TestAContainerPassedWhole:
             cfg = Config(scale=2.0, shift=1.0)  # a new object each call, equal entries
             assert torch.equal(g(x, cfg), self.f(x, cfg))
         assert g.stats.captures == 1 and g.stats.replays == 3
+
+
+class TestTheGuardShortCut:
+    """``InputSpec.matches`` answers True as soon as the tensor guard passes, without reading
+    ``facts``: every fact must be one the guard compares too, or a call differing in it would be
+    replayed. Tested through the public path: a call is served exactly when its tensor's facts
+    equal the capture's (its memory layout and dispatch keys, which the guard also compares, do
+    not count), and refused otherwise."""
+
+    @staticmethod
+    def _tensor(shape, dtype, requires_grad, transposed, inference):
+        t = torch.arange(math.prod(shape), dtype=torch.float64).reshape(shape).to(dtype)
+        if transposed:
+            t = t.t().contiguous().t()
+        if inference:
+            with torch.inference_mode():
+                t = t.clone()
+        return t.requires_grad_() if requires_grad and dtype.is_floating_point and not inference else t
+
+    @settings(max_examples=60, deadline=None)
+    @given(data=st.data())
+    def test_served_exactly_when_the_facts_match(self, data):
+        def draw():
+            return self._tensor(data.draw(st.sampled_from([(2, 3), (3, 2), (2, 2)])),
+                                data.draw(st.sampled_from([torch.float32, torch.float64, torch.int64])),
+                                data.draw(st.booleans()), data.draw(st.booleans()), data.draw(st.booleans()))
+
+        captured, call = draw(), draw()
+        g = CudaGraphModule(lambda x: x * 2, warmup=1, max_graphs=1, backend="simulate")
+        with torch.no_grad():
+            g(captured)
+            g(captured)
+            if facts(call) == facts(captured):
+                torch.testing.assert_close(g(call), call * 2)
+            else:
+                with pytest.raises(InputMismatchError):
+                    g(call)

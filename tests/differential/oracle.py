@@ -434,6 +434,7 @@ class CallRecord:
     changed: bool
     eager: Any  # printable: a str, or a _Text described when printed
     wrapper: Any
+    refused: BaseException | None = None  # the wrapper's GraphModuleError, where it refused the call
 
 
 @dataclass
@@ -610,7 +611,7 @@ def run_case(case: Case, backend: str = "simulate", device: str = "cpu", outputs
                 if e_err is None:
                     diffs.append(Diff(label, "error:capture-failed-where-the-plain-call-ran", "call",
                                       eager_text, show(w_err, 400)))
-            calls.append(CallRecord(label, k, changed, eager_text, _short(None, w_err)))
+            calls.append(CallRecord(label, k, changed, eager_text, _short(None, w_err), w_err))
             if isinstance(w_err, GraphStateError) and not capture_failed:
                 diffs.append(Diff(label, "error:graph-state-without-failed-capture", "call",
                                   "no capture failed before", show(w_err, 400)))
