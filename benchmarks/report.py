@@ -64,8 +64,10 @@ as a loop holds it), with one synchronisation per round; in brackets, the ratio 
 hand-written loop that copies the inputs into a `torch.cuda.graph`'s buffers and replays it, with
 no check at all. `eager` is the plain call, `tensordict` is `tensordict.nn.CudaGraphModule`,
 `torch.compile` is `mode="reduce-overhead"` (its CUDA graphs), graphmodule is shown with each
-`outputs=` setting. A TensorDict workload is compared with the floor of the same network called
-with a tensor; the TensorDict modules reading nested leaves have no floor.
+`outputs=` setting, the default one twice: each result held (a loop's `action = policy(obs)`:
+the call is served from the graph's other output set) and each dropped at once. A TensorDict
+workload is compared with the floor of the same network called with a tensor; the TensorDict
+modules reading nested leaves have no floor.
 """
 
 PROGRAMS_TEXT = """\

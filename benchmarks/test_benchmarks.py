@@ -1,10 +1,12 @@
 """pytest-benchmark suite: every workload under every variant, per-call time.
 
 On a GPU each round times ``CALLS`` back-to-back calls (``out = call()``: each result is
-held until the next call returns, as in a loop) and one synchronisation
-(``side_by_side.py`` divides by ``CALLS``). Without CUDA the suite runs in a short mode:
-the GPU-only variants are skipped and graphmodule runs its eager fallback, so the
-suite keeps working in CI without timing anything meaningful.
+held until the next call returns, as in a loop; ``graphmodule_dropped``'s call drops it) and
+one synchronisation (``side_by_side.py`` divides by ``CALLS``). A round returns nothing, so
+that no result outlives its round (pytest-benchmark keeps a round's return value through the
+next: the held rows would hold two). Without CUDA the suite runs in a short mode: the GPU-only
+variants are skipped and graphmodule runs its eager fallback, so the suite keeps working in CI
+without timing anything meaningful.
 """
 
 import os
@@ -45,7 +47,7 @@ def test_bench(benchmark, workload, variant_name):
             for _ in range(CALLS):
                 out = call()  # as a loop does: the last result is held while the next call runs
             sync()
-            return out
+            del out
 
         benchmark.extra_info.update(calls=CALLS, workload=workload, variant=variant_name)
         benchmark.pedantic(many, rounds=ROUNDS, iterations=1, warmup_rounds=1)

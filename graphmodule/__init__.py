@@ -16,7 +16,8 @@ Modules, one concept each:
 - ``_variants``: which calls get a graph of their own by default (``max_graphs=None``): those
   that differ from the held graphs only in Python values and modes, up to 8.
 - ``_entry``: one captured graph as one value; ``decide``, whether a call replays it (the
-  one decision every path takes); the replay path.
+  one decision every path takes); the replay path (``_run``: a graph's replay laid out once
+  for the common calls: one result, or a TensorDict module's writes).
 - ``_eager``: a signature served without a graph (no CUDA, or a failed capture), in a graph's
   place; without CUDA, checked by a simulated capture of its first call, so that it is refused
   where a GPU's graph would be, with the same messages.

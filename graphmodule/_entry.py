@@ -231,7 +231,7 @@ class Entry:
         if self.single:
             lender = self.plan.lender
             if lender is not None:
-                return lender.single()
+                return lender.values()[0]
             out = self.plan.graph[0]
             return out.clone() if self.clone else out
         return self.finish(leaves, objs, tree)

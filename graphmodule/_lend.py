@@ -54,15 +54,15 @@ from __future__ import annotations
 import ctypes
 import weakref
 from sys import getrefcount
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["DroppingLender", "Lender", "available", "by_address"]
+__all__ = ["DroppingLender", "Lender", "OneStorage", "available", "by_address", "use_count"]
 
 Tensor = torch.Tensor
 
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
+use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 # each lent storage (held weakly), and the storage of the graph under it
 _OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -70,7 +70,7 @@ _OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def available() -> bool:
     """Whether this torch has what lending needs (else results are cloned)."""
-    return _use_count is not None
+    return use_count is not None
 
 
 class _Keeper:
@@ -113,39 +113,14 @@ def by_address(t: Tensor) -> Tensor | None:
 class _Group:
     """The graph outputs over one storage, and the lent storage they are handed out on."""
 
-    __slots__ = ("templates", "cdata", "base", "lent", "refs")
+    __slots__ = ("templates", "lent", "cdata", "base")
 
     def __init__(self, members: list[tuple[int, Tensor]]) -> None:
         owner = members[0][1].untyped_storage()
         self.lent = _lent_storage(owner)
         self.templates = [(j, _on(self.lent, t)) for j, t in members]
         self.cdata = self.lent._cdata
-        self.base = _use_count(self.cdata)  # what graphmodule itself holds
-        # ``out.untyped_storage()`` is this very Python object (torch keeps one per storage):
-        # a caller holding it alone adds a Python reference, not a use of the storage
-        self.refs = getrefcount(self.lent)
-
-    def held(self) -> bool:
-        """Whether a caller holds a tensor over the lent storage, or the storage itself."""
-        return _use_count(self.cdata) != self.base or getrefcount(self.lent) != self.refs
-
-
-def _free_check(cdatas: list[int], bases: list[int], lents: list[torch.UntypedStorage]) -> Any:
-    """``free()``: whether no caller holds a result lent from these storages (``not busy()``),
-    in one frame: what the output sets ask at every call. (It holds the list of lent storages,
-    not the storages: their reference counts stay what they were measured.)"""
-    if len(lents) == 1:
-        (cdata,), (base,) = cdatas, bases
-        refs = getrefcount(lents[0])  # (read as free() reads it)
-
-        def free() -> bool:
-            return _use_count(cdata) == base and getrefcount(lents[0]) == refs
-    else:
-        all_refs = list(map(getrefcount, lents))
-
-        def free() -> bool:
-            return list(map(_use_count, cdatas)) == bases and list(map(getrefcount, lents)) == all_refs
-    return free
+        self.base = use_count(self.cdata)  # what graphmodule itself holds
 
 
 def _on(storage: torch.UntypedStorage, t: Tensor) -> Tensor:
@@ -155,12 +130,29 @@ def _on(storage: torch.UntypedStorage, t: Tensor) -> Tensor:
         return out.set_(storage, t.storage_offset(), t.shape, t.stride())
 
 
+class OneStorage(NamedTuple):
+    """What :attr:`Lender.free` reads where the results are over one storage, for a caller
+    that asks it inline (the output sets, at every call): no caller holds a result while
+    ``_storage_Use_Count(cdata) == base and getrefcount(lents[0]) == refs``."""
+
+    cdata: int
+    base: int  # the storage's uses graphmodule itself holds (its templates)
+    # the lent storage, in a list: a reference held here, not counted in ``refs``
+    lents: list
+    # ``out.untyped_storage()`` is the lent storage object itself (torch keeps one per storage):
+    # a caller holding it alone adds a Python reference, not a use of the storage
+    refs: int
+
+
 class Lender:
     """The lent outputs of one graph.
 
-    Per call: :meth:`busy` (a caller holds what the last replay lent: the entry replays its
-    twin, or is captured again with copied outputs), the replay, then :meth:`values`.
-    Outputs without memory (no elements) are cloned: nothing to overwrite, nothing to copy.
+    Per call: :attr:`free` (whether no caller holds what the last replay lent; else the
+    entry replays its twin, or is captured again with copied outputs), the replay, then
+    :meth:`values` (or, for one result, :attr:`lone`'s ``.data``). A lent result is a new
+    tensor over the lent storage at each call (``.data``: a tensor with a version counter
+    of its own, as a fresh result has). Outputs without memory (no elements) are cloned:
+    nothing to overwrite, nothing to copy.
     """
 
     def __init__(self, graph: list[Tensor]) -> None:
@@ -173,39 +165,26 @@ class Lender:
                 groups.setdefault(t.untyped_storage()._cdata, []).append((j, t))
         self.groups = [_Group(members) for members in groups.values()]
         self.n = len(graph)
-        # the common case (one storage), read without a call per group
-        self._one = self.groups[0] if len(self.groups) == 1 else None
-        self._first = self.groups[0].templates[0][1] if self.groups else None
-        # a graph with one result, which has memory: what each call lends (a new view of it)
-        self.lone = self._first if self.n == 1 else None
-        # several storages (a train step's gradients): read in two C-level passes
-        self._cdatas, self._bases = [g.cdata for g in self.groups], [g.base for g in self.groups]
-        self._lents = [g.lent for g in self.groups]
-        for g in self.groups:  # (measured again: the list above holds each once more)
-            g.refs = getrefcount(g.lent)
-        self._refs = list(map(getrefcount, self._lents))
-        self.free = _free_check(self._cdatas, self._bases, self._lents)
+        # a graph with one result, which has memory: what each call lends a new view of
+        self.lone = self.groups[0].templates[0][1] if self.n == 1 and self.groups else None
+        cdatas, bases = [g.cdata for g in self.groups], [g.base for g in self.groups]
+        lents = [g.lent for g in self.groups]
+        refs = list(map(getrefcount, lents))  # (read as free() reads them: from the list)
+        # one storage (nearly every graph): free() inlined by the output sets
+        self.one = OneStorage(cdatas[0], bases[0], lents, getrefcount(lents[0])) if len(lents) == 1 else None
 
-    def busy(self) -> bool:
-        """Whether a caller still holds a result lent by the last replay."""
-        one = self._one
-        if one is not None:
-            return one.held()
-        return list(map(_use_count, self._cdatas)) != self._bases or list(map(getrefcount, self._lents)) != self._refs
+        def free() -> bool:
+            """Whether no caller holds a result lent by the last replay (a tensor or view
+            over a lent storage, or the storage itself)."""
+            return list(map(use_count, cdatas)) == bases and list(map(getrefcount, lents)) == refs
 
-    def single(self) -> Tensor:
-        """The lent result of a graph with one output (as :meth:`values` gives it where it
-        has no memory)."""
-        first = self._first
-        if first is None:
-            return self.values()[0]
-        return first.detach()
+        self.free = free
 
     def values(self) -> list[Any]:
         out: list[Any] = [None] * self.n
         for g in self.groups:
             for j, template in g.templates:
-                out[j] = template.detach()
+                out[j] = template.data
         for j, t in self.inert:
             out[j] = t.clone()
         return out
@@ -220,9 +199,8 @@ class DroppingLender(Lender):
 
     def __init__(self, graph: list[Tensor], drops: list[tuple[Tensor, Tensor]]) -> None:
         super().__init__(graph)
-        self.tensors = [t for t, _ in drops]
-        self.placeholders = [p for _, p in drops]
-        tensors, placeholders, free = self.tensors, self.placeholders, self.free
+        tensors, placeholders, free = [t for t, _ in drops], [p for _, p in drops], self.free
+        self.one = None  # (free() binds the placeholders first: never inlined)
 
         def free_dropping() -> bool:
             for t, placeholder in zip(tensors, placeholders):
@@ -230,8 +208,3 @@ class DroppingLender(Lender):
             return free()
 
         self.free = free_dropping
-
-    def busy(self) -> bool:
-        for t, placeholder in zip(self.tensors, self.placeholders):
-            t.grad = placeholder
-        return super().busy()

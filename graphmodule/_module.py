@@ -260,10 +260,12 @@ class CudaGraphModule(WrapperSurface):
                     if entry is not None:
                         verdict, split = decide(entry, args, kwargs, mode)
                 if verdict is REPLAY:
-                    graphs.switching = entry is not entries[0]
-                    if graphs.switching:
+                    if entry is not entries[0]:
+                        graphs.switching = True
                         entries.remove(entry)
                         entries.insert(0, entry)
+                    elif graphs.switching:
+                        graphs.switching = False
                     leaves, objs = split
                     return entry.outputs.serve(entry, leaves, objs, (args, kwargs))  # (entry.replay's work)
             return self._slow(args, kwargs)

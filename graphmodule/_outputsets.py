@@ -30,16 +30,18 @@ from __future__ import annotations
 import enum
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from sys import getrefcount
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from ._errors import GraphStateError
+from ._lend import OneStorage, use_count
 from ._scope import SCOPE
 from ._stats import GraphStats
 
 if TYPE_CHECKING:  # (a cycle at import: an Entry holds its OutputSets)
     from ._entry import Entry
 
-__all__ = ["OUTPUT_SETS", "OutputSets", "OutputState", "Recorder"]
+__all__ = ["OUTPUT_SETS", "OutputSets", "OutputState", "Recorder", "Set"]
 
 log = logging.getLogger("graphmodule")
 
@@ -134,28 +136,29 @@ class OutputSets:
         self._lay_out(entry)
 
     def _lay_out(self, entry: Entry) -> None:
-        """The sets :meth:`serve` tries, in order, as ``(free, run, target)``: the check that no
-        caller holds the set's results (``None``: never held back), its replay (``Entry.run``)
-        and its entry (``None``: ``entry`` itself, which holds these output sets: not held
-        here, where it would make a reference cycle)."""
+        """The sets :meth:`serve` tries, in order, as :class:`Set` records."""
         state = self.state
         if state is LEND_LATER:
             self.sets = ()  # every call comes to held()
         elif state in (COPYING, STATIC, RELEASED):
-            self.sets = ((None, entry.run, None),)
+            self.sets = (Set(None, None, entry.run, None),)
         else:
-            self.sets = ((entry.plan.lender.free, entry.run, None),
-                         *((other.plan.lender.free, other.run, other) for other in self.others))
+            self.sets = (_lent_set(entry, None), *(_lent_set(other, other) for other in self.others))
 
     def serve(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
         """The call's result (``decide`` said ``REPLAY``), counted in the wrapper's stats: the
         first set whose results no caller holds replays; if the caller holds them all, the
-        next state's answer (:meth:`held`). The hot path: a loop over a list laid out at each
-        transition."""
+        next state's answer (:meth:`held`). The hot path: a loop over records laid out at
+        each transition, the check of a set lent from one storage inlined (``Lender.free``)."""
         self.stats.replays += 1
-        for free, run, target in self.sets:
-            if free is None or free():
-                return run(target or entry, leaves, objs, tree)
+        for one, free, run, target in self.sets:
+            if one is not None:
+                cdata, base, lents, refs = one
+                if use_count(cdata) != base or getrefcount(lents[0]) != refs:
+                    continue
+            elif free is not None and not free():
+                continue
+            return run(target or entry, leaves, objs, tree)
         return self.held(entry, leaves, objs, tree)
 
     def held(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
@@ -271,6 +274,22 @@ class OutputSets:
         could be captured: the function's own results, run eagerly."""
         self.stats.eager_calls += 1
         return self._recorder_now().run_eager(tree)
+
+
+class Set(NamedTuple):
+    """One output set as :meth:`OutputSets.serve` tries it."""
+
+    one: OneStorage | None  # its results lent from one storage: the check, read inline
+    free: Callable[[], bool] | None  # else the lender's check (``None``: never held back)
+    run: Callable[..., Any]  # its replay, ``run(entry, leaves, objs, tree)`` (``Entry.run``)
+    # its entry; ``None``: the entry the call came to, which holds these output sets (held
+    # here, it would make a reference cycle)
+    target: Entry | None
+
+
+def _lent_set(entry: Entry, target: Entry | None) -> Set:
+    lender = entry.plan.lender
+    return Set(lender.one, lender.free if lender.one is None else None, entry.run, target)
 
 
 _NOTHING = object()

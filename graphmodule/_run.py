@@ -67,7 +67,7 @@ def _one_result(entry: Entry) -> Run | None:
             copy_from(leaves)
         replay(handle)
         if lent is not None:
-            return lent.detach()
+            return lent.data  # (Lender.values' lent tensor, without the list)
         return out.clone() if clone else out
 
     return run
@@ -103,7 +103,7 @@ def _written_results(entry: Entry, general: Run) -> Run | None:
         replay(handle)
         entries = td._tensordict  # (as Effects.apply writes into a TensorDict it may write raw)
         if lent is not None:
-            entries[name] = lent.detach()
+            entries[name] = lent.data
         else:
             results = values(clone)
             for key, j in writes:

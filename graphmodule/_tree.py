@@ -236,7 +236,10 @@ class Slot:
         # a function may branch on it (``td.is_locked``) or write: a locked one raises eagerly
         self.locked = td.is_locked
         fast = self.root.dense and not self.has_non_tensor and not self.is_tc
-        self.read: Callable[[Any], list | None] = self._read_fast if fast else self._read_general
+        # a TensorDict module's usual slot: top-level keys only (no nested TensorDict read)
+        flat = fast and self.root.flat
+        self.read: Callable[[Any], list | None] = (self._read_flat if flat else self._read_fast) if fast \
+            else self._read_general
 
     # -- readers: a list of leaves, or None when the value does not fit ------------------
     def _read_fast(self, td: Any) -> list | None:
@@ -251,6 +254,20 @@ class Slot:
         except KeyError:
             return None
         return out if ok else None
+
+    def _read_flat(self, td: Any) -> list | None:
+        """``_read_fast`` where every key read is at the top level: the values in one pass."""
+        if type(td) is not TensorDict:
+            return None if self.exact else self._read_general(td)
+        if td._batch_size != self.batch_size or td._is_locked != self.locked:
+            return None
+        d, root = td._tensordict, self.root
+        if root.exact:
+            return list(d.values()) if tuple(d) == root.keys else None
+        try:
+            return list(map(d.__getitem__, root.keys))
+        except KeyError:
+            return None
 
     def _read_general(self, obj: Any) -> list | None:
         if type(obj) is not self.cls and (self.exact or self.is_tc or not isinstance(obj, TensorDictBase)):

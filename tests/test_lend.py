@@ -234,6 +234,18 @@ def test_writing_into_a_result_does_not_change_the_next_one(graph_backend):
     torch.testing.assert_close(out, f(torch.ones(4)) + 100)
 
 
+def test_each_result_has_a_version_counter_of_its_own_as_eagerly(graph_backend):
+    """A fresh result's version counter starts where eager's does, whatever was written into
+    the results before it (each a new tensor over the lent memory, not a view sharing one
+    counter with every result of its set)."""
+    g = _captured(f, torch.zeros(4), backend=graph_backend)
+    x = torch.ones(4, device=g.device or "cpu")
+    for _ in range(5):  # held: the two sets alternate, each written into once it is handed out
+        out = g(x)
+        assert out._version == f(x)._version == 0
+        out.add_(1)
+
+
 def test_metadata_changes_on_a_result_do_not_reach_the_graph(graph_backend):
     g = _captured(lambda x: x.reshape(2, 2) + 1, torch.zeros(4), backend=graph_backend)
     out = g(torch.zeros(4))
