@@ -336,8 +336,10 @@ class Graphs:
         return entry, ran
 
     # -- what output sets ask (the Recorder of _outputsets) -------------------------------
-    def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None) -> Entry:
-        """``entry``'s call captured again: a lending one (``lend``), or a graph returning copies.
+    def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None,
+                     lend_drops: bool = False) -> Entry:
+        """``entry``'s call captured again: a lending one (``lend``), or a graph returning copies
+        (which lends the ``.grad`` its step drops where ``lend_drops``).
 
         A lending capture copies its results, inside its graph, into buffers of its own
         beside ``like``'s graph, laid out as ``like``'s results (``_twin``); a layer's, whose
@@ -351,7 +353,7 @@ class Graphs:
         alone = entry.layer is not None
         return record(owner=self.owner, module=self.module, runner=self.runner, layout=entry.spec.layout,
                       leaves=_laid_out_as(entry, leaves), mode=entry.mode, clone=True, lend=lend,
-                      texts=entry.texts, objs=objs, alone=alone, like=None if alone else like, spec=entry.spec)[0]
+                      lend_drops=lend_drops, texts=entry.texts, objs=objs, alone=alone, like=None if alone else like, spec=entry.spec)[0]
 
     def replace(self, old: Entry, new: Entry) -> None:
         self.entries[self.entries.index(old)] = new

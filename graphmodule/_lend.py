@@ -152,14 +152,15 @@ class Lender:
     :meth:`values` (or, for one result, :attr:`lone`'s ``.data``). A lent result is a new
     tensor over the lent storage at each call (``.data``: a tensor with a version counter
     of its own, as a fresh result has). Outputs without memory (no elements) are cloned:
-    nothing to overwrite, nothing to copy.
+    nothing to overwrite, nothing to copy; so are those in ``copied`` (a graph that returns
+    copies and lends only the ``.grad`` its step drops, see :class:`DroppingLender`).
     """
 
-    def __init__(self, graph: list[Tensor]) -> None:
+    def __init__(self, graph: list[Tensor], copied: frozenset[int] = frozenset()) -> None:
         groups: dict[int, list[tuple[int, Tensor]]] = {}
         self.inert: list[tuple[int, Tensor]] = []
         for j, t in enumerate(graph):
-            if t.untyped_storage().nbytes() == 0:
+            if j in copied or t.untyped_storage().nbytes() == 0:
                 self.inert.append((j, t))
             else:
                 groups.setdefault(t.untyped_storage()._cdata, []).append((j, t))
@@ -195,10 +196,15 @@ class DroppingLender(Lender):
     (``zero_grad()`` first) and binds a new one, which its graph's buffers hold (``_rebind``).
     The last call bound ``.grad`` to a lent result: the step would drop it, so before asking
     whether a caller holds a result, ``.grad`` is bound to a placeholder that holds nothing
-    (a gradient you kept elsewhere still counts as held)."""
+    (a gradient you kept elsewhere still counts as held).
 
-    def __init__(self, graph: list[Tensor], drops: list[tuple[Tensor, Tensor]]) -> None:
-        super().__init__(graph)
+    ``copied``: outputs cloned at each call rather than lent (the step's own results, where
+    the caller keeps them all, as a loop keeping every loss does: only the ``.grad`` it
+    drops is lent)."""
+
+    def __init__(self, graph: list[Tensor], drops: list[tuple[Tensor, Tensor]],
+                 copied: frozenset[int] = frozenset()) -> None:
+        super().__init__(graph, copied)
         tensors, placeholders, free = [t for t, _ in drops], [p for _, p in drops], self.free
         self.one = None  # (free() binds the placeholders first: never inlined)
 

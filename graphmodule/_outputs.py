@@ -164,6 +164,11 @@ class PlanBuilder:
             self.sources.append(t)
         return Graph(j)
 
+    def graph_indices(self, tensors: list[Any]) -> frozenset[int]:
+        """The graph indices of ``tensors``, where each is a graph output (else none at all)."""
+        index = [self._graph_index.get(id(t)) for t in tensors]
+        return frozenset() if None in index else frozenset(index)
+
     def _external_view(self, t: Tensor, over: list[tuple[Tensor, tuple]]) -> ExternalView:
         """A view of a parameter, buffer or other tensor read from outside the inputs: made
         anew at each call, on the tensor read then (eagerly, ``p.t()`` is a new view each call)."""
@@ -235,17 +240,12 @@ class Plan:
     """
 
     def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False,
-                 drops: list[tuple[Tensor, Tensor]] | None = None, enables_grad: bool = False):
+                 drops: list[tuple[Tensor, Tensor]] | None = None, enables_grad: bool = False,
+                 dropped: frozenset[int] = frozenset()):
         self.graph = graph
         # a train step that enables grad inside a call under torch.no_grad(): its outputs
         # require grad also where the call's grad mode is off, as eagerly
         self.enables_grad = enables_grad
-        # outputs="safe": the graph's buffers are lent out, and never replayed over while
-        # a caller holds them (see _lend); ``drops``: the .grad a train step drops at its start
-        # (released before asking whether a caller holds a result, see _rebind)
-        self.lender = None
-        if lend and graph and lendable():
-            self.lender = DroppingLender(graph, drops) if drops else Lender(graph)
         # outputs sharing memory (or overlapping themselves, as expanded tensors do) are
         # copied as one block of bytes, rebuilt with their strides
         groups: dict[int, list[int]] = {}
@@ -256,6 +256,18 @@ class Plan:
         shared = {j for members in self.shared for j in members}
         self.single = [j for j in range(len(graph)) if j not in shared]
         self.grad = [j for j, rg in enumerate(requires_grad) if rg]
+        # outputs="safe": the graph's buffers are lent out, and never replayed over while
+        # a caller holds them (see _lend); ``drops``: the .grad a train step drops at its start
+        # (released before asking whether a caller holds a result, see _rebind). A graph
+        # returning copies (``dropped``: the graph indices of those .grad) still lends them:
+        # the step drops them at its next call, so a copy of each would be made for nothing
+        self.lender = None
+        if lend and graph and lendable():
+            self.lender = DroppingLender(graph, drops) if drops else Lender(graph)
+        elif dropped and drops and lendable() and dropped.isdisjoint(shared):
+            copied = frozenset(range(len(graph))) - dropped
+            if copied.isdisjoint(shared):  # (the copies then never share memory with a lent .grad)
+                self.lender = DroppingLender(graph, drops, copied)
 
     def values(self, clone: bool) -> list[Tensor]:
         graph = self.graph

@@ -11,10 +11,14 @@ decides, at such a call, where the results come from instead::
        │               └─failed, or the function rebinds what its graphs read──► FULL
     FULL ──held──► capture again, returning copies ──ok──► (new graph) COPYING
                                                  └──failed──► EAGER_WHILE_HELD
+    COPYING, lending the .grad its step drops ──held──► capture again, copying all ──ok──► (new graph) COPYING
     any ──release()──► RELEASED
 
 A *twin* is the same call captured again beside the first graph, with output buffers of its
-own (``_twin``): the sets alternate, each replayed while the others' results are held. Where
+own (``_twin``): the sets alternate, each replayed while the others' results are held. A graph
+returning copies still lends a train step's ``.grad`` where the step drops it at its next call
+(``zero_grad()`` first): a loop keeping every loss then pays a copy of its losses, not of its
+gradients, at each call. Where
 the machine moves to a new graph, the wrapper's entry is replaced through the
 :class:`Recorder` it gave (held without a reference to the wrapper itself), and the old
 graph is released (results it lent keep their memory, see ``_lend``).
@@ -72,7 +76,7 @@ _NEXT: dict[OutputState, frozenset[OutputState]] = {
     TWINS: frozenset({TWINS, FULL, RELEASED}),
     FULL: frozenset({EAGER_WHILE_HELD, RELEASED}),
     EAGER_WHILE_HELD: frozenset({RELEASED}),
-    COPYING: frozenset({RELEASED}),
+    COPYING: frozenset({EAGER_WHILE_HELD, RELEASED}),
     STATIC: frozenset({RELEASED}),
     RELEASED: frozenset({RELEASED}),
 }
@@ -81,9 +85,11 @@ _NEXT: dict[OutputState, frozenset[OutputState]] = {
 class Recorder(Protocol):
     """What output sets ask of the wrapper whose graph they serve."""
 
-    def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None) -> Entry:
+    def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None,
+                     lend_drops: bool = False) -> Entry:
         """``entry``'s call captured again: lending (``lend``; beside ``like``, copying its
-        results into buffers of its own, see ``_twin``) or returning copies. Raises on failure."""
+        results into buffers of its own, see ``_twin``) or returning copies (lending the
+        ``.grad`` its step drops, where ``lend_drops``). Raises on failure."""
 
     def replace(self, old: Entry, new: Entry) -> None:
         """``new`` takes ``old``'s place among the wrapper's graphs."""
@@ -104,12 +110,14 @@ class OutputSets:
     __slots__ = ("state", "sets", "others", "_recorder", "stats", "_owner")
 
     def __init__(self, entry: Entry, recorder: Recorder, stats: GraphStats, owner: str,
-                 lend_later: bool = False, full: bool = False) -> None:
+                 lend_later: bool = False, full: bool = False, copying: bool = False) -> None:
         self.others: list[Entry] = []  # the twins, each with a Lender of its own
         self._recorder = weakref.ref(recorder)
         self.stats, self._owner = stats, owner
         self.sets: tuple = ()
-        if entry.plan.lender is not None:
+        if copying:  # (a graph returning copies; its lender, if any, lends only the .grad its step drops)
+            state = COPYING
+        elif entry.plan.lender is not None:
             state = FULL if full else LENDING
         elif lend_later:
             state = LEND_LATER
@@ -140,6 +148,8 @@ class OutputSets:
         state = self.state
         if state is LEND_LATER:
             self.sets = ()  # every call comes to held()
+        elif state is COPYING and entry.plan.lender is not None:
+            self.sets = (_lent_set(entry, None),)  # (the .grad it lends, held or not)
         elif state in (COPYING, STATIC, RELEASED):
             self.sets = (Set(None, None, entry.run, None),)
         else:
@@ -169,6 +179,8 @@ class OutputSets:
             return self._lend_now(entry, leaves, objs, tree)
         if state is EAGER_WHILE_HELD:
             return self._eager(tree)
+        if state is COPYING:  # a .grad it lent is held past the step: copies of everything
+            return self._copying(entry, leaves, objs, tree, lend_drops=False)
         if state in (LENDING, TWINS):
             made = self._add_twin(entry, leaves, objs, tree)
             if made is not _NOTHING:
@@ -244,11 +256,12 @@ class OutputSets:
                  self._owner, 1e3 * twin.capture_seconds)
         return twin.finish(leaves, objs, tree)
 
-    def _copying(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> Any:
+    def _copying(self, entry: Entry, leaves: Any, objs: dict, tree: Any, lend_drops: bool = True) -> Any:
         """The caller holds results of every set: capture the call once more, returning
-        copies from then on; if that fails, run such calls eagerly."""
+        copies from then on (a train step's ``.grad``, which its next call drops, still lent,
+        unless ``lend_drops`` is off: a caller kept one); if that fails, run such calls eagerly."""
         try:
-            fresh = self._recorder_now().record_again(entry, leaves, objs, False, None)
+            fresh = self._recorder_now().record_again(entry, leaves, objs, False, None, lend_drops=lend_drops)
         except Exception as err:  # noqa: BLE001 - nothing replayable is free: run eagerly
             log.info("%s: no graph returning copies (%s); calls made while results are held run eagerly",
                      self._owner, _first_line(err))
@@ -257,15 +270,15 @@ class OutputSets:
             return self._eager(tree)
         self.stats.copy_recaptures += 1
         sets = 1 + len(self.others)
-        self._succeed(entry, fresh)
+        self._succeed(entry, fresh, copying=True)
         log.info("%s: results of %d calls were held at once; this call now returns copies "
                  "(captured again in %.1f ms)", self._owner, sets, 1e3 * fresh.capture_seconds)
         return fresh.finish(leaves, objs, tree)
 
-    def _succeed(self, entry: Entry, new: Entry, full: bool = False) -> None:
+    def _succeed(self, entry: Entry, new: Entry, full: bool = False, copying: bool = False) -> None:
         """``new`` (with output sets of its own) takes ``entry``'s place; ``entry`` is released."""
         recorder = self._recorder_now()
-        OutputSets(new, recorder, self.stats, self._owner, full=full)
+        OutputSets(new, recorder, self.stats, self._owner, full=full, copying=copying)
         recorder.replace(entry, new)
         entry.release()  # results it lent keep its memory (see _lend)
 

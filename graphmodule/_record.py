@@ -244,6 +244,7 @@ def record(
     clone: bool,
     texts: list[str],
     lend: bool = False,
+    lend_drops: bool = False,
     objs: dict | None = None,
     eager_keys: list | None = None,
     alone: bool = False,
@@ -253,6 +254,8 @@ def record(
 ) -> tuple[Entry, Materialized]:
     """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
 
+    ``lend_drops``: a graph returning copies (``lend`` off) that lends the ``.grad`` its step
+    drops at its start (``_lend.DroppingLender``), where it has such.
     ``alone``: capture in memory no other graph writes, as for lent outputs (a graph that is
     likely a layer: its activations must outlive the replay, until its backward).
     ``like``: a graph of this call (lending, or returning copies until it is captured again to
@@ -295,7 +298,7 @@ def record(
     try:
         with _own_parametrize_cache():
             if twin is None:
-                captured = runner.capture(body, owner, alone=lend or alone)
+                captured = runner.capture(body, owner, alone=lend or lend_drops or alone)
             else:
                 captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
     except BaseException:
@@ -336,8 +339,10 @@ def record(
                               sources=builder.sources, requires_grad=builder.graph_requires_grad, texts=texts,
                               clone=clone, lend=lend)
         graph = builder.graph if twin is None else twin.outputs(builder.graph)
+        # (a graph returning copies: the .grad its step drops at its next call are lent all the same)
+        dropped = builder.graph_indices([t.grad for t, _ in rebinds.drops]) if lend_drops else frozenset()
         plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend, drops=rebinds.drops,
-                    enables_grad=enables_grad)
+                    enables_grad=enables_grad, dropped=dropped)
     except BaseException:
         runner.release(handle)
         raise

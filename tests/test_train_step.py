@@ -376,6 +376,66 @@ def test_gradients_bound_by_the_last_call_do_not_hold_its_output_set(graph_backe
     assert g.stats.twin_captures == 1 and net[0].weight.grad is not kept
 
 
+def _copies_made(g, monkeypatch):
+    """Count the copies each call of ``g`` makes of its graph's results (clones and fresh tensors)."""
+    made = [0]
+    clone, empty_like = torch.Tensor.clone, torch.empty_like
+
+    def counted_clone(t, *args, **kwargs):
+        made[0] += 1
+        return clone(t, *args, **kwargs)
+
+    def counted_empty_like(t, *args, **kwargs):
+        made[0] += 1
+        return empty_like(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "clone", counted_clone)
+    monkeypatch.setattr(torch, "empty_like", counted_empty_like)
+    return made
+
+
+class TestALoopKeepingEveryLoss:
+    """A loop that keeps every loss (``losses.append(step(x, y))``, as RL scripts log them) holds
+    the results of every output set: the step's graph is captured once more, returning copies.
+    The ``.grad`` the step drops at its next call (``zero_grad()`` first) is still lent: copying
+    it would cost a copy of every gradient at every call, which nobody keeps."""
+
+    def _run(self, graph_backend, calls, keep_grad_at=None):
+        (net, opt), (twin, opt_e) = _models()
+        g = CudaGraphModule(_step(net, opt, zero_inside=True), warmup=1, backend=graph_backend)
+        eager = _step(twin, opt_e, zero_inside=True)
+        losses, losses_e, kept = [], [], None
+        for i in range(calls):
+            losses.append(g(*_batch(i)))
+            losses_e.append(eager(*_batch(i)))
+            _same_state(net, twin)
+            if i == keep_grad_at:
+                kept, kept_e = net[0].weight.grad, twin[0].weight.grad.clone()
+        for i, (a, b) in enumerate(zip(losses, losses_e)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"loss {i}")
+        if kept is not None:
+            torch.testing.assert_close(kept, kept_e, msg="the .grad kept past its step")
+        return g, net
+
+    def test_every_loss_and_gradient_is_the_plain_steps(self, graph_backend):
+        g, net = self._run(graph_backend, calls=9)
+        assert g.stats.copy_recaptures == 1 and g.stats.eager_calls == 0
+        assert "outputs: COPYING" in g.explain()
+
+    def test_the_gradients_are_not_copied_at_each_call(self, graph_backend, monkeypatch):
+        g, net = self._run(graph_backend, calls=7)
+        made = _copies_made(g, monkeypatch)
+        (x, y), where = _batch(7), [p.grad.data_ptr() for p in net.parameters()]  # (not the tensors: held)
+        kept = [g(x, y) for _ in range(3)]
+        assert made[0] == 3, "one copy per call: the loss (the gradients are lent)"
+        assert [p.grad.data_ptr() for p in net.parameters()] == where and g.stats.copy_recaptures == 1
+        assert len(kept) == 3
+
+    def test_a_gradient_kept_past_its_step_gets_a_graph_copying_everything(self, graph_backend):
+        g, net = self._run(graph_backend, calls=10, keep_grad_at=6)
+        assert g.stats.copy_recaptures == 2 and g.stats.eager_calls == 0
+
+
 def _adam(params):
     return torch.optim.Adam(params, lr=1e-2, **_DEVICE_STEP[torch.get_default_device().type == "cuda"])
 
