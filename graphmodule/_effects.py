@@ -254,7 +254,9 @@ class Effects:
                     target.names = list(names) if names is not None else None
             elif kind is GRAD:
                 for t, recipe in zip(target, op.values):
-                    t.grad = build(recipe, values, leaves, objs, tree, memo)
+                    value = build(recipe, values, leaves, objs, tree, memo)
+                    if t.grad is not value:  # (a .grad kept bound from the last call, see DroppingLender)
+                        t.grad = value
             elif kind is ATTR:
                 target[op.name] = build(op.value, values, leaves, objs, tree, memo)
             elif kind is DICT:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from operator import attrgetter, is_
 from sys import getrefcount
 from typing import Any, NamedTuple
 
@@ -173,6 +174,7 @@ class Lender:
         refs = list(map(getrefcount, lents))  # (read as free() reads them: from the list)
         # one storage (nearly every graph): free() inlined by the output sets
         self.one = OneStorage(cdatas[0], bases[0], lents, getrefcount(lents[0])) if len(lents) == 1 else None
+        self._counted = (cdatas, lents, refs)  # (for a subclass's own check: a list more would count)
 
         def free() -> bool:
             """Whether no caller holds a result lent by the last replay (a tensor or view
@@ -191,6 +193,34 @@ class Lender:
         return out
 
 
+_grad_of = attrgetter("grad")
+_version_of = attrgetter("_version")
+# the C++ references to a tensor (``.grad`` holds one, its Python object one): where this torch has it
+_impl_uses = getattr(Tensor, "_use_count", None)
+
+
+def _bound_counts() -> tuple[int, int] | None:
+    """``(C++ references, Python references)`` of a ``.grad`` that nothing but the kept list
+    holds, read as :class:`DroppingLender` reads them; ``None`` where this torch cannot tell a
+    held one apart (then nothing is kept bound)."""
+    if _impl_uses is None:
+        return None
+    p = torch.zeros(1, requires_grad=True)
+    p.grad = torch.zeros(1)
+    kept = [p.grad]
+    free = (list(map(_impl_uses, kept))[0], list(map(getrefcount, kept))[0])
+    held = kept[0]  # a caller's variable
+    by_python = list(map(getrefcount, kept))[0] != free[1]
+    del held
+    saved = kept[0].view(1)  # a C++ reference (a view's base, as an autograd graph's saved tensor)
+    by_cpp = list(map(_impl_uses, kept))[0] != free[0]
+    del saved
+    return free if by_python and by_cpp else None
+
+
+_BOUND_COUNTS: list = []  # (measured once, at the first train step that could keep its .grad bound)
+
+
 class DroppingLender(Lender):
     """The lender of a train step that drops the ``.grad`` bound at the call before reading it
     (``zero_grad()`` first) and binds a new one, which its graph's buffers hold (``_rebind``).
@@ -198,19 +228,70 @@ class DroppingLender(Lender):
     whether a caller holds a result, ``.grad`` is bound to a placeholder that holds nothing
     (a gradient you kept elsewhere still counts as held).
 
+    Where the ``.grad`` the last call bound are still bound and nothing else holds them (no
+    Python reference, no C++ one such as an autograd graph's, no view, no write since:
+    ``index``, the graph output each ``.grad`` is), they stay bound: the replay writes the
+    next gradients into them, and neither placeholders nor new tensors are bound at each
+    call (a step over many parameters saves two ``.grad`` bindings and a tensor per
+    parameter). A gradient you keep is then still one that no later call overwrites.
+
     ``copied``: outputs cloned at each call rather than lent (the step's own results, where
     the caller keeps them all, as a loop keeping every loss does: only the ``.grad`` it
     drops is lent)."""
 
     def __init__(self, graph: list[Tensor], drops: list[tuple[Tensor, Tensor]],
-                 copied: frozenset[int] = frozenset()) -> None:
+                 copied: frozenset[int] = frozenset(), index: tuple[int, ...] | None = None) -> None:
         super().__init__(graph, copied)
         tensors, placeholders, free = [t for t, _ in drops], [p for _, p in drops], self.free
         self.one = None  # (free() binds the placeholders first: never inlined)
+        # the .grad kept bound: each dropped .grad a lent output of its own (else never kept)
+        lent = {j: k for k, g in enumerate(self.groups) for j, _ in g.templates}
+        if not _BOUND_COUNTS:
+            _BOUND_COUNTS.append(_bound_counts())
+        counts = _BOUND_COUNTS[0]
+        keep = (counts is not None and index is not None and len(index) == len(drops)
+                and len(set(index)) == len(index) and all(j in lent for j in index))
+        self._index = index if keep else None
+        self.lone = None if keep else self.lone  # (a lone lent result would be handed out past values())
+        self._bound: list[Tensor] | None = None  # what the last call bound, while it may stay bound
+        dropped = frozenset(index) if keep else frozenset()
+        self._others = [(j, t) for g in self.groups for j, t in g.templates if j not in dropped]
+        cdatas, lents, refs = self._counted
+        extra = [0] * len(self.groups)
+        for j in index if keep else ():
+            extra[lent[j]] += 1  # (a bound .grad is one more use of its group's storage)
+        bound_bases = [g.base + n for g, n in zip(self.groups, extra)]
+        n = len(drops)
+        # a bound .grad that nothing else holds (what _bound_counts measured), and never written
+        impl_uses, py_refs, versions = [counts[0] if keep else 0] * n, [counts[1] if keep else 0] * n, [0] * n
 
         def free_dropping() -> bool:
+            bound = self._bound
+            if bound is not None:
+                if (all(map(is_, map(_grad_of, tensors), bound)) and list(map(_impl_uses, bound)) == impl_uses
+                        and list(map(getrefcount, bound)) == py_refs and list(map(_version_of, bound)) == versions
+                        and list(map(use_count, cdatas)) == bound_bases and list(map(getrefcount, lents)) == refs):
+                    return True
+                bound = self._bound = None  # (held here no more: they count as held otherwise)
             for t, placeholder in zip(tensors, placeholders):
                 t.grad = placeholder
             return free()
 
         self.free = free_dropping
+
+    def values(self) -> list[Any]:
+        index, bound = self._index, self._bound
+        if index is None or bound is None:
+            out = super().values()
+            if index is not None:  # bound by this call's effects; kept bound while free_dropping finds them so
+                self._bound = [out[j] for j in index]
+            return out
+        # the .grad still bound, held by nothing else: bound again (Effects skips them)
+        out: list[Any] = [None] * self.n
+        for j, template in self._others:
+            out[j] = template.data
+        for j, t in zip(index, bound):
+            out[j] = t
+        for j, t in self.inert:
+            out[j] = t.clone()
+        return out

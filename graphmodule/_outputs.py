@@ -164,10 +164,10 @@ class PlanBuilder:
             self.sources.append(t)
         return Graph(j)
 
-    def graph_indices(self, tensors: list[Any]) -> frozenset[int]:
-        """The graph indices of ``tensors``, where each is a graph output (else none at all)."""
-        index = [self._graph_index.get(id(t)) for t in tensors]
-        return frozenset() if None in index else frozenset(index)
+    def graph_indices(self, tensors: list[Any]) -> tuple[int, ...] | None:
+        """The graph index of each of ``tensors``, where each is a graph output (else ``None``)."""
+        index = tuple(self._graph_index.get(id(t)) for t in tensors)
+        return None if None in index else index
 
     def _external_view(self, t: Tensor, over: list[tuple[Tensor, tuple]]) -> ExternalView:
         """A view of a parameter, buffer or other tensor read from outside the inputs: made
@@ -241,7 +241,7 @@ class Plan:
 
     def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False,
                  drops: list[tuple[Tensor, Tensor]] | None = None, enables_grad: bool = False,
-                 dropped: frozenset[int] = frozenset()):
+                 drop_index: tuple[int, ...] | None = None, lend_drops: bool = False):
         self.graph = graph
         # a train step that enables grad inside a call under torch.no_grad(): its outputs
         # require grad also where the call's grad mode is off, as eagerly
@@ -258,16 +258,17 @@ class Plan:
         self.grad = [j for j, rg in enumerate(requires_grad) if rg]
         # outputs="safe": the graph's buffers are lent out, and never replayed over while
         # a caller holds them (see _lend); ``drops``: the .grad a train step drops at its start
-        # (released before asking whether a caller holds a result, see _rebind). A graph
-        # returning copies (``dropped``: the graph indices of those .grad) still lends them:
-        # the step drops them at its next call, so a copy of each would be made for nothing
+        # (released before asking whether a caller holds a result, see _rebind; ``drop_index``:
+        # the graph output each of those .grad is, where each is one). A graph returning copies
+        # (``lend_drops``) still lends them: the step drops them at its next call, so a copy of
+        # each would be made for nothing
         self.lender = None
         if lend and graph and lendable():
-            self.lender = DroppingLender(graph, drops) if drops else Lender(graph)
-        elif dropped and drops and lendable() and dropped.isdisjoint(shared):
-            copied = frozenset(range(len(graph))) - dropped
-            if copied.isdisjoint(shared):  # (the copies then never share memory with a lent .grad)
-                self.lender = DroppingLender(graph, drops, copied)
+            self.lender = DroppingLender(graph, drops, index=drop_index) if drops else Lender(graph)
+        elif lend_drops and drops and drop_index and lendable() and not self.shared:
+            # (no output shares memory with another: the copies never alias a lent .grad)
+            copied = frozenset(range(len(graph))) - frozenset(drop_index)
+            self.lender = DroppingLender(graph, drops, copied, index=drop_index)
 
     def values(self, clone: bool) -> list[Tensor]:
         graph = self.graph

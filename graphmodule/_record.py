@@ -339,10 +339,9 @@ def record(
                               sources=builder.sources, requires_grad=builder.graph_requires_grad, texts=texts,
                               clone=clone, lend=lend)
         graph = builder.graph if twin is None else twin.outputs(builder.graph)
-        # (a graph returning copies: the .grad its step drops at its next call are lent all the same)
-        dropped = builder.graph_indices([t.grad for t, _ in rebinds.drops]) if lend_drops else frozenset()
         plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend, drops=rebinds.drops,
-                    enables_grad=enables_grad, dropped=dropped)
+                    enables_grad=enables_grad, drop_index=builder.graph_indices([t.grad for t, _ in rebinds.drops]),
+                    lend_drops=lend_drops)
     except BaseException:
         runner.release(handle)
         raise

@@ -437,6 +437,66 @@ class TestALoopKeepingEveryLoss:
         assert g.stats.copy_recaptures == 2 and g.stats.eager_calls == 0
 
 
+class TestGradientsKeptBound:
+    """A step that drops ``.grad`` first (``zero_grad()`` inside) leaves the ``.grad`` its last
+    call bound where nothing else holds them: the replay writes the next gradients into them.
+    Whatever holds one (a variable, a view, an autograd graph) or wrote into one since keeps
+    what eagerly it would: the old gradient, untouched by later calls."""
+
+    def _pair(self, graph_backend):
+        (net, opt), (twin, opt_e) = _models()
+        g = CudaGraphModule(_step(net, opt, zero_inside=True), warmup=1, backend=graph_backend)
+        eager = _step(twin, opt_e, zero_inside=True)
+        for i in range(4):
+            g(*_batch(i))
+            eager(*_batch(i))
+        return g, eager, net, twin
+
+    def test_nothing_held_keeps_the_same_gradients_bound(self, graph_backend):
+        g, eager, net, twin = self._pair(graph_backend)
+        ids = [id(p.grad) for p in net.parameters()]
+        for i in range(4, 7):
+            g(*_batch(i))
+            eager(*_batch(i))
+            _same_state(net, twin)
+        assert [id(p.grad) for p in net.parameters()] == ids and g.stats.twin_captures == 0
+
+    @pytest.mark.parametrize("hold", ["tensor", "view", "storage", "autograd", "written"])
+    def test_a_gradient_held_or_written_keeps_its_value_as_eagerly(self, graph_backend, hold):
+        g, eager, net, twin = self._pair(graph_backend)
+        p, q = net[0].weight, twin[0].weight
+        w = torch.ones_like(p, requires_grad=True)
+        w_e = torch.ones_like(q, requires_grad=True)
+        if hold == "tensor":
+            kept, kept_e = p.grad, q.grad
+        elif hold == "view":
+            kept, kept_e = p.grad[:2], q.grad[:2]
+        elif hold == "storage":  # another tensor over its memory, not a view of it
+            kept, kept_e = (torch.empty(0).set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+                            for t in (p.grad, q.grad))
+        elif hold == "autograd":  # an autograd graph that saved the gradient (C++ holds it)
+            kept, kept_e = (w * p.grad).sum(), (w_e * q.grad).sum()
+        else:  # written in place between the calls (a clipping outside the step)
+            p.grad.mul_(0.5)
+            q.grad.mul_(0.5)
+            kept = kept_e = None
+        g(*_batch(4))
+        eager(*_batch(4))
+        _same_state(net, twin)
+        if hold == "autograd":
+            kept.backward()
+            kept_e.backward()
+            torch.testing.assert_close(w.grad, w_e.grad)
+        elif kept is not None:
+            torch.testing.assert_close(kept, kept_e)
+            assert kept is not p.grad
+        assert p.grad._version == q.grad._version  # a fresh gradient's, as eagerly
+        for i in range(5, 8):  # and the calls after
+            g(*_batch(i))
+            eager(*_batch(i))
+            _same_state(net, twin)
+
+
 def _adam(params):
     return torch.optim.Adam(params, lr=1e-2, **_DEVICE_STEP[torch.get_default_device().type == "cuda"])
 
