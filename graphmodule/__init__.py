@@ -35,6 +35,9 @@ Modules, one concept each:
   records saying where each part of it comes from).
 - ``_outputsets``: ``OutputSets``, the state machine of ``outputs="safe"``: lent results,
   twins, copies (``_lend``: lending the buffers; ``_twin``: a twin's own buffers).
+- ``_policy``: ``outputs=`` as a value (``OutputPolicy``) and the one function that plans
+  each capture from it (``plan_capture``: results copied, lent now or later, the graph's
+  memory its own or beside another graph's), a frozen ``CapturePlan`` the others read.
 - ``_discover``: what the graph reads from outside its inputs, found at capture
   (``_reads``: the attribute chains code reads off ``self``, its globals and closure
   variables, found in its bytecode; ``_places``: watched places other than a container entry,

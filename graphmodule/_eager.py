@@ -29,6 +29,7 @@ from ._dispatch import add_required, stand_in
 from ._entry import NOT_SERVED, REPLAY, Entry, decide
 from ._errors import WITHOUT_GRAPH, Mismatch
 from ._gradwatch import StatesOnly
+from ._policy import Capture, Facts, OutputPolicy, plan_capture
 from ._record import CallRead, record
 from ._runner_simulate import SimulatedRunner
 from ._runners import CaptureResult
@@ -140,13 +141,14 @@ class EagerEntry:
 
 
 def checked_entry(owner: str, module: Any, call: CallRead, mode: Any, eager_keys: list | None, checking: CheckingRunner,
-                  runner: Any, stats: Any, found: Any = None) -> EagerEntry:
+                  runner: Any, stats: Any, policy: OutputPolicy, found: Any = None) -> EagerEntry:
     """Without CUDA: the signature of ``call``, captured by ``checking`` as ``backend="simulate"``
     captures it, raising what that capture raises (``_record.record``: one code refuses for both),
     then served eagerly by ``runner``; the call's result is ``entry.finish(...)`` (``found``: as
     ``record``'s)."""
-    checks, _ = record(owner=owner, module=module, runner=checking, layout=call.layout, leaves=call.leaves,
-                       mode=mode, clone=True, texts=call.texts, objs=call.objs, eager_keys=eager_keys, found=found)
+    plan = plan_capture(policy, Facts(Capture.CHECKING))
+    checks, _ = record(owner=owner, module=module, runner=checking, call=call, mode=mode, plan=plan,
+                       eager_keys=eager_keys, found=found)
     stats.eager_calls += 1
     return EagerEntry.checked(checks, runner=runner, module=module, stats=stats)
 

@@ -101,7 +101,6 @@ class Entry:
         watch: Watch,
         runner: Any,
         handle: Any,
-        clone: bool,
         texts: list[str],
         layer: Any = None,
         capture_bytes: int = 0,
@@ -113,7 +112,7 @@ class Entry:
         # a graph used as a layer: its backward graph, and the autograd node outputs join (_grad)
         self.layer = layer
         self.inputs, self.effects, self.plan, self.out_recipe = inputs, effects, plan, out_recipe
-        self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
+        self.watch, self.runner, self.handle = watch, runner, handle
         self.texts = texts  # printable place of each input leaf, for messages
         # device memory the graph added: what its capture added to the pool, and output
         # buffers of its own outside any pool (a twin's, see _twin)
@@ -233,12 +232,12 @@ class Entry:
             if lender is not None:
                 return lender.values()[0]
             out = self.plan.graph[0]
-            return out.clone() if self.clone else out
+            return out.clone() if self.plan.clone else out
         return self.finish(leaves, objs, tree)
 
     def finish(self, leaves: Any, objs: dict, tree: Any) -> Any:
         layer = self.layer
-        values = self.plan.values(self.clone) if layer is None else layer.values(self.plan, self.clone, leaves)
+        values = self.plan.values() if layer is None else layer.values(self.plan, leaves)
         memo: dict = {}
         if self.effects.any:
             # objects of the call the result holds, found before the effects move any (a

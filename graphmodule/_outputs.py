@@ -20,7 +20,7 @@ from torch import nn
 
 from ._inputs import Materialized, Span, StaticInputs, storage_base
 from ._lend import DroppingLender, Lender
-from ._lend import available as lendable
+from ._policy import CapturePlan
 from ._recipes import (
     Const,
     DictOf,
@@ -229,14 +229,16 @@ class PlanBuilder:
 class Plan:
     """What the graph produced, and how a call's result and effects are built from it.
 
-    ``values(clone)`` gives this call's view of the graph's tensors: copies that later
-    calls never overwrite (``clone=True``), or the buffers themselves; with a
-    ``lender`` (``outputs="safe"``), the buffers lent out (see ``_lend``).
+    ``values()`` gives this call's view of the graph's tensors, as ``outputs`` (the capture's
+    plan, ``_policy``) says: copies that later calls never overwrite (``outputs.clone``), or
+    the buffers themselves; with a ``lender`` (``outputs.lend``), the buffers lent out (see
+    ``_lend``).
     """
 
-    def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False,
+    def __init__(self, graph: list[Tensor], requires_grad: list[bool], outputs: CapturePlan,
                  drops: list[tuple[Tensor, Tensor]] | None = None, enables_grad: bool = False):
         self.graph = graph
+        self.outputs, self.clone = outputs, outputs.clone
         # a train step that enables grad inside a call under torch.no_grad(): its outputs
         # require grad also where the call's grad mode is off, as eagerly
         self.enables_grad = enables_grad
@@ -244,7 +246,7 @@ class Plan:
         # a caller holds them (see _lend); ``drops``: the .grad a train step drops at its start
         # (released before asking whether a caller holds a result, see _rebind)
         self.lender = None
-        if lend and graph and lendable():
+        if outputs.lend:
             self.lender = DroppingLender(graph, drops) if drops else Lender(graph)
         # outputs sharing memory (or overlapping themselves, as expanded tensors do) are
         # copied as one block of bytes, rebuilt with their strides
@@ -257,12 +259,12 @@ class Plan:
         self.single = [j for j in range(len(graph)) if j not in shared]
         self.grad = [j for j, rg in enumerate(requires_grad) if rg]
 
-    def values(self, clone: bool) -> list[Tensor]:
+    def values(self) -> list[Tensor]:
         graph = self.graph
         lender = self.lender
         if lender is not None:
             out = lender.values()
-        elif not clone or not graph:
+        elif not self.clone or not graph:
             out = list(graph)
         elif not self.shared:
             if len(graph) == 1:

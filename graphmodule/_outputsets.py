@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from ._errors import GraphStateError
 from ._lend import OneStorage, use_count
+from ._policy import CapturePlan
 from ._scope import SCOPE
 from ._stats import GraphStats
 
@@ -78,6 +79,15 @@ _NEXT: dict[OutputState, frozenset[OutputState]] = {
 }
 
 
+def first_state(plan: CapturePlan) -> OutputState:
+    """The state a graph's output sets start in: as its capture's plan (``_policy``) says."""
+    if plan.lend:
+        return LENDING
+    if plan.lend_later:
+        return LEND_LATER
+    return COPYING if plan.clone else STATIC
+
+
 class Recorder(Protocol):
     """What output sets ask of the wrapper whose graph they serve."""
 
@@ -103,19 +113,12 @@ class OutputSets:
 
     __slots__ = ("state", "sets", "others", "_recorder", "stats", "_owner")
 
-    def __init__(self, entry: Entry, recorder: Recorder, stats: GraphStats, owner: str,
-                 lend_later: bool = False, full: bool = False) -> None:
+    def __init__(self, entry: Entry, recorder: Recorder, stats: GraphStats, owner: str) -> None:
         self.others: list[Entry] = []  # the twins, each with a Lender of its own
         self._recorder = weakref.ref(recorder)
         self.stats, self._owner = stats, owner
         self.sets: tuple = ()
-        if entry.plan.lender is not None:
-            state = FULL if full else LENDING
-        elif lend_later:
-            state = LEND_LATER
-        else:
-            state = COPYING if entry.clone else STATIC
-        self.state = state
+        self.state = first_state(entry.plan.outputs)
         self._lay_out(entry)
         entry.outputs = self
 
@@ -201,7 +204,7 @@ class OutputSets:
             log.info("%s: %s (%s)", self._owner, failed, _first_line(err))
             SCOPE.collect_before_next_capture()
             return None
-        if lending.plan.lender is None:
+        if not lending.plan.outputs.lend:  # (this torch cannot lend, or the call returns no tensors)
             lending.release()
             return None
         return lending
@@ -263,9 +266,12 @@ class OutputSets:
         return fresh.finish(leaves, objs, tree)
 
     def _succeed(self, entry: Entry, new: Entry, full: bool = False) -> None:
-        """``new`` (with output sets of its own) takes ``entry``'s place; ``entry`` is released."""
+        """``new`` (with output sets of its own; ``full``: no further set) takes ``entry``'s
+        place; ``entry`` is released."""
         recorder = self._recorder_now()
-        OutputSets(new, recorder, self.stats, self._owner, full=full)
+        sets = OutputSets(new, recorder, self.stats, self._owner)
+        if full:
+            sets._move(new, FULL)
         recorder.replace(entry, new)
         entry.release()  # results it lent keep its memory (see _lend)
 
