@@ -4,7 +4,7 @@
 first), the index of which graph calls of other shapes or modes matched last (``_index``),
 the warmup calls of signatures not captured yet, and what warmup calls showed (the keys of a
 returned TensorDict, whether results track gradients). It captures graphs (``_record``),
-captures them again when their output sets ask (it is their :class:`~graphmodule._outputsets.Recorder`),
+captures them again when their signatures ask (it is their :class:`~graphmodule._signature.Recorder`),
 finds the graph a call replays (asking ``_entry.decide`` graph by graph), and drops stale and
 evicted graphs. Which of these a call needs is the wrapper's life cycle (``_module``).
 """
@@ -32,10 +32,10 @@ from ._lend import available as lendable
 from ._mode import Mode, ModeReader, check_capture, global_mode
 from ._optim import stepping_capturable
 from ._options import AUTO_GRAPHS
-from ._outputsets import OutputSets
 from ._policy import Capture, Facts, OutputPolicy, plan_capture
 from ._record import CallRead, leaf_keys, read_call, record
 from ._runners import Kind, Runner
+from ._signature import Signature
 from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
@@ -311,7 +311,7 @@ class Graphs:
         stats.capture_seconds = entry.capture_seconds
         log.info("%s: captured graph %d in %.1f ms (%d held)", self.owner, stats.captures,
                  1e3 * entry.capture_seconds, len(self.entries))
-        OutputSets(entry, self, stats, self.owner)
+        Signature(entry, self, stats, self.owner)
         return entry
 
     def eager(self, call: CallRead, mode: Any, watch: Discovery, ran: Any = NOT_RUN) -> tuple[EagerEntry, Any]:
@@ -332,7 +332,7 @@ class Graphs:
         self.entries.insert(0, entry)
         return entry, ran
 
-    # -- what output sets ask (the Recorder of _outputsets) -------------------------------
+    # -- what signatures ask (the Recorder of _signature) ---------------------------------
     def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None) -> Entry:
         """``entry``'s call captured again: a lending one (``lend``), or a graph returning copies.
 

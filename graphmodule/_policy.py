@@ -7,8 +7,8 @@ this torch can lend), into a :class:`CapturePlan`: whether results are copied, l
 lent later, and where the graph's memory goes. Everything downstream reads the plan:
 ``_record.record`` (where the runner captures), ``_outputs.Plan`` (how results are handed
 out), ``_grad.Layer`` (gradients copied, outputs saved), ``_run`` and ``_entry`` (the
-replays), ``_outputsets.OutputSets`` (its first state). A new policy is a member here, a
-branch of :func:`plan_capture` and its rows in ``tests/test_policy.py``.
+replays), ``_outputsets.first_state`` (where its output sets start). A new policy is a
+member here, a branch of :func:`plan_capture` and its rows in ``tests/test_policy.py``.
 
 After the capture, :meth:`CapturePlan.settled` applies what only the capture shows (whether the
 graph has outputs, whether it is a layer), so that the plan an entry keeps says what it does.
