@@ -33,8 +33,16 @@ Modules, one concept each:
   the ``.grad`` a graph reads, checked at each call).
 - ``_outputs``: how the graph's buffers become the call's result (``_recipes``: the typed
   records saying where each part of it comes from).
-- ``_outputsets``: ``OutputSets``, the state machine of ``outputs="safe"``: lent results,
-  twins, copies (``_lend``: lending the buffers; ``_twin``: a twin's own buffers).
+- ``_graphentry``: ``GraphEntry``, what every entry among a wrapper's graphs offers (a
+  captured graph, ``_entry``, or a signature served eagerly, ``_eager``), and ``Outputs``, what
+  serves an entry's calls.
+- ``_signature``: ``Signature``, the graphs of one signature: a graph's twins and output sets,
+  the hot path's choice of the set a call replays, and the captures again the state machine
+  asks for; ``_outputsets``: that state machine of ``outputs="safe"`` (lent results, twins,
+  copies), pure (``_lend``: lending the buffers; ``_twin``: a twin's own buffers).
+- ``_policy``: ``outputs=`` as a value (``OutputPolicy``) and the one function that plans
+  each capture from it (``plan_capture``: results copied, lent now or later, the graph's
+  memory its own or beside another graph's), a frozen ``CapturePlan`` the others read.
 - ``_discover``: what the graph reads from outside its inputs, found at capture
   (``_reads``: the attribute chains code reads off ``self``, its globals and closure
   variables, found in its bytecode; ``_places``: watched places other than a container entry,

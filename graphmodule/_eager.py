@@ -28,7 +28,9 @@ from tensordict import TensorDictBase
 from ._dispatch import add_required, stand_in
 from ._entry import NOT_SERVED, REPLAY, Entry, decide
 from ._errors import WITHOUT_GRAPH, Mismatch
+from ._graphentry import GraphEntry, Outputs
 from ._gradwatch import StatesOnly
+from ._policy import Capture, Facts, OutputPolicy, plan_capture
 from ._record import CallRead, record
 from ._runner_simulate import SimulatedRunner
 from ._runners import CaptureResult
@@ -50,9 +52,10 @@ class CheckingRunner(SimulatedRunner):
         return super().capture(excusing_optimizer_syncs(body), owner, alone, beside)
 
 
-class EagerEntry:
+class EagerEntry(GraphEntry):
     """A signature among the wrapper's graphs whose calls run the function eagerly on their
-    own arguments (made by ``_graphs.Graphs.eager``)."""
+    own arguments (made by ``_graphs.Graphs.eager``); it offers what every entry does
+    (``_graphentry.GraphEntry``), each member its own."""
 
     when = WITHOUT_GRAPH
     noun = "signature (no CUDA graph: calls run eagerly)"
@@ -140,13 +143,14 @@ class EagerEntry:
 
 
 def checked_entry(owner: str, module: Any, call: CallRead, mode: Any, eager_keys: list | None, checking: CheckingRunner,
-                  runner: Any, stats: Any, found: Any = None) -> EagerEntry:
+                  runner: Any, stats: Any, policy: OutputPolicy, found: Any = None) -> EagerEntry:
     """Without CUDA: the signature of ``call``, captured by ``checking`` as ``backend="simulate"``
     captures it, raising what that capture raises (``_record.record``: one code refuses for both),
     then served eagerly by ``runner``; the call's result is ``entry.finish(...)`` (``found``: as
     ``record``'s)."""
-    checks, _ = record(owner=owner, module=module, runner=checking, layout=call.layout, leaves=call.leaves,
-                       mode=mode, clone=True, texts=call.texts, objs=call.objs, eager_keys=eager_keys, found=found)
+    plan = plan_capture(policy, Facts(Capture.CHECKING))
+    checks, _ = record(owner=owner, module=module, runner=checking, call=call, mode=mode, plan=plan,
+                       eager_keys=eager_keys, found=found)
     stats.eager_calls += 1
     return EagerEntry.checked(checks, runner=runner, module=module, stats=stats)
 
@@ -157,17 +161,18 @@ def _inline(body: Callable[[], Any]) -> Any:
         return body()
 
 
-class _EagerOutputs:
+class _EagerOutputs(Outputs):
     """What an :class:`EagerEntry` has for output sets: none, its results are the function's."""
 
-    @staticmethod
-    def serve(entry: EagerEntry, leaves: Any, objs: dict, tree: Any) -> Any:
-        """As ``OutputSets.serve``: the entry's call (run eagerly)."""
+    def serve(self, entry: EagerEntry, leaves: Any, objs: dict, tree: Any) -> Any:
+        """As ``Signature.serve``: the entry's call (run eagerly)."""
         return entry.replay(leaves, objs, tree)
 
-    @staticmethod
-    def describe() -> str:
+    def describe(self) -> str:
         return "outputs: the function's own results (run eagerly)"
+
+    def release(self, entry: EagerEntry) -> None:
+        """Nothing beside the entry to release."""
 
 
 _EAGER_OUTPUTS = _EagerOutputs()

@@ -12,7 +12,7 @@ Where no graph was captured, an ``_eager.EagerEntry`` stands in its place.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -21,6 +21,7 @@ from ._dispatch import add_required, stand_in
 from ._scope import SCOPE
 from ._effects import TD, Effects
 from ._errors import Mismatch
+from ._graphentry import GraphEntry, Outputs
 from ._inputs import (
     SLOT,
     SLOT_OBJ,
@@ -39,9 +40,6 @@ from ._run import laid_out
 from ._spec import InputSpec
 from ._stale import Watch
 from ._tree import _is_node
-
-if TYPE_CHECKING:
-    from ._outputsets import OutputSets
 
 __all__ = ["NOT_SERVED", "Entry", "Verdict", "decide"]
 
@@ -81,8 +79,9 @@ def decide(entry: Entry, args: tuple, kwargs: dict, mode: Any) -> tuple[Verdict,
     return REPLAY, split
 
 
-class Entry:
-    """A captured graph and everything needed to replay it for a call."""
+class Entry(GraphEntry):
+    """A captured graph and everything needed to replay it for a call (what every entry
+    offers: ``_graphentry.GraphEntry``)."""
 
     # how messages say where the signature comes from ("CudaGraphModule(f) was captured with
     # other inputs than this call's"), and what explain() calls it
@@ -101,7 +100,6 @@ class Entry:
         watch: Watch,
         runner: Any,
         handle: Any,
-        clone: bool,
         texts: list[str],
         layer: Any = None,
         capture_bytes: int = 0,
@@ -113,7 +111,7 @@ class Entry:
         # a graph used as a layer: its backward graph, and the autograd node outputs join (_grad)
         self.layer = layer
         self.inputs, self.effects, self.plan, self.out_recipe = inputs, effects, plan, out_recipe
-        self.watch, self.runner, self.handle, self.clone = watch, runner, handle, clone
+        self.watch, self.runner, self.handle = watch, runner, handle
         self.texts = texts  # printable place of each input leaf, for messages
         # device memory the graph added: what its capture added to the pool, and output
         # buffers of its own outside any pool (a twin's, see _twin)
@@ -139,9 +137,9 @@ class Entry:
             out_recipe.kind is GRAPH and out_recipe.index == 0 and len(plan.graph) == 1 and not effects.any and not plan.grad
             and layer is None
         )
-        # where results come from when a caller holds the last ones (_outputsets): set by
-        # the OutputSets made for a graph the wrapper holds (None for a twin)
-        self.outputs: OutputSets | None = None
+        # where results come from when a caller holds the last ones: set by the signature
+        # (_signature) made for a graph the wrapper holds (None for a twin)
+        self.outputs: Outputs | None = None
         self.returns_input_td = (out_recipe.kind is PASSED and out_recipe.ref.kind is SLOT_OBJ
                                  and out_recipe.ref.position == 0)
         self.writes_only = self._writes_only()
@@ -215,9 +213,9 @@ class Entry:
         return not self.extra_mismatches(leaves, None, objs)
 
     def replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
-        """The call's result (``decide`` said ``REPLAY``), counted in the wrapper's stats: the
-        output sets say which set replays (a caller may still hold the last results: ``out =
-        g(x)`` in a loop holds them until this call returns)."""
+        """The call's result (``decide`` said ``REPLAY``), counted in the wrapper's stats: its
+        signature says which output set replays (a caller may still hold the last results:
+        ``out = g(x)`` in a loop holds them until this call returns)."""
         return self.outputs.serve(self, leaves, objs, tree)
 
     def _replay(self, leaves: Any, objs: dict, tree: Any) -> Any:
@@ -233,12 +231,12 @@ class Entry:
             if lender is not None:
                 return lender.values()[0]
             out = self.plan.graph[0]
-            return out.clone() if self.clone else out
+            return out.clone() if self.plan.clone else out
         return self.finish(leaves, objs, tree)
 
     def finish(self, leaves: Any, objs: dict, tree: Any) -> Any:
         layer = self.layer
-        values = self.plan.values(self.clone) if layer is None else layer.values(self.plan, self.clone, leaves)
+        values = self.plan.values() if layer is None else layer.values(self.plan, leaves)
         memo: dict = {}
         if self.effects.any:
             # objects of the call the result holds, found before the effects move any (a

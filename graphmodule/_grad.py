@@ -60,6 +60,7 @@ from torch.nn.modules import module as _nn_module
 
 from ._errors import GraphStateError, Mismatch, RequiresGradError, UnsupportedError
 from ._inputs import StaticInputs
+from ._policy import CapturePlan
 
 __all__ = ["Layer", "Marks", "capture_layer", "track_inputs", "tracks_grad"]
 
@@ -227,8 +228,7 @@ def capture_layer(
     sources: list[Tensor],
     requires_grad: list[bool],
     texts: list[str],
-    clone: bool,
-    lend: bool,
+    outputs: CapturePlan,
 ) -> Layer | None:
     """After the forward capture: the layer (its backward captured), or ``None`` where the
     call is not one (grad disabled, nothing tracks gradients, or a train step)."""
@@ -267,7 +267,7 @@ def capture_layer(
     # none of an input's paths leaves its .grad as eagerly (None, not zeros)
     reach = [frozenset(position[id(t)] for t in _walk([o], marks.start)[1] if id(t) in position) for o in outs]
     return Layer(owner=owner, runner=runner, inputs=inputs, tracked=tracked, params=params, out_index=out_index,
-                 outs=outs, reach=reach, modules=modules, watch=watch, texts=texts, clone=clone, lend=lend)
+                 outs=outs, reach=reach, modules=modules, watch=watch, texts=texts, outputs=outputs)
 
 
 def _untrack(inputs: StaticInputs, tracked: list[int]) -> None:
@@ -294,7 +294,7 @@ class Layer:
     """A captured backward graph, and how a call's outputs are attached to it."""
 
     def __init__(self, *, owner, runner, inputs, tracked, params, out_index, outs, reach, modules, watch, texts,
-                 clone, lend):
+                 outputs: CapturePlan):
         self.owner, self.runner, self.inputs = owner, runner, inputs
         self.reach = reach if len(set(reach)) > 1 else None  # None: every output reaches the same
         self.tracked, self.out_index, self.modules = tracked, out_index, modules
@@ -310,10 +310,10 @@ class Layer:
         self._hooks = [d for m, _ in modules for d in (m._backward_hooks, m._backward_pre_hooks)]
         self._hooks += [_nn_module._global_backward_hooks, _nn_module._global_backward_pre_hooks]
         # gradients handed on to your code are copies, as results are (outputs="static": the buffers)
-        self.clone_grads = clone
+        self.clone_grads = outputs.clone
         # results that are the graph's memory (static, lent) are saved: a write into one before
         # the backward, which may read it, is autograd's in-place error
-        self.save_outputs = lend or not clone
+        self.save_outputs = outputs.lend or not outputs.clone
         self.generation = 0  # forward replays so far: a backward needs its own call's activations
         self.anchor = torch.empty(0, device="cpu")
         self.keep = outs  # the captured autograd graph: its saved activations stay allocated
@@ -361,12 +361,12 @@ class Layer:
                  for c, k, label in self._frozen if getitem(c, k).requires_grad]
         return found + _module_hooks(self.modules)
 
-    def values(self, plan: Any, clone: bool, leaves: Any) -> list[Any]:
+    def values(self, plan: Any, leaves: Any) -> list[Any]:
         """This call's outputs (``plan.values``), those that track gradients attached to the node."""
         self.generation += 1
         box: list[Any] = []
         edges = [leaves[i] for i in self.tracked] + self.params()
-        values = plan.values(clone)  # (on your stream, after the replay)
+        values = plan.values()  # (on your stream, after the replay)
         # The node is made on the capture's stream, where the parameters' AccumulateGrad
         # nodes were made (the forward capture made them; the autograd graph it keeps,
         # keeps them): autograd runs its backward there, and hands the gradients it

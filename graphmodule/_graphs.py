@@ -4,7 +4,7 @@
 first), the index of which graph calls of other shapes or modes matched last (``_index``),
 the warmup calls of signatures not captured yet, and what warmup calls showed (the keys of a
 returned TensorDict, whether results track gradients). It captures graphs (``_record``),
-captures them again when their output sets ask (it is their :class:`~graphmodule._outputsets.Recorder`),
+captures them again when their signatures ask (it is their :class:`~graphmodule._signature.Recorder`),
 finds the graph a call replays (asking ``_entry.decide`` graph by graph), and drops stale and
 evicted graphs. Which of these a call needs is the wrapper's life cycle (``_module``).
 """
@@ -28,12 +28,14 @@ from ._grad import tracks_grad
 from ._hooks import detach_hook_weights
 from ._index import CallIndex
 from ._inputs import StaticInputs
+from ._lend import available as lendable
 from ._mode import Mode, ModeReader, check_capture, global_mode
 from ._optim import stepping_capturable
 from ._options import AUTO_GRAPHS
-from ._outputsets import OutputSets
+from ._policy import Capture, Facts, OutputPolicy, plan_capture
 from ._record import CallRead, leaf_keys, read_call, record
 from ._runners import Kind, Runner
+from ._signature import Signature
 from ._spec import InputSpec
 from ._stale import Watch
 from ._stats import GraphStats
@@ -104,16 +106,16 @@ class Graphs:
         module: the function captured.
         runner: what captures and replays (``_runners``).
         stats: the wrapper's counters (captures, evictions, what output sets did).
-        clone: results are copies (``outputs`` not ``"static"``); ``lend``: lent (``"safe"``).
+        policy: ``outputs=``, which each capture's plan is made from (``_policy``).
         in_keys: the keys a TensorDict module reads (None: not one).
         arg_names: names of the positional arguments, for messages.
     """
 
-    def __init__(self, *, owner: str, module: Callable[..., Any], runner: Runner, stats: GraphStats, clone: bool,
-                 lend: bool, in_keys: list | None, arg_names: tuple) -> None:
+    def __init__(self, *, owner: str, module: Callable[..., Any], runner: Runner, stats: GraphStats,
+                 policy: OutputPolicy, in_keys: list | None, arg_names: tuple) -> None:
         # (nothing here refers to the wrapper: a wrapper is freed without the collector)
         self.owner, self.module, self.runner, self.stats = owner, module, runner, stats
-        self.clone, self.lend, self.in_keys, self.arg_names = clone, lend, in_keys, arg_names
+        self.policy, self.in_keys, self.arg_names = policy, in_keys, arg_names
         self.entries: list[Entry] = []  # most recently used first
         self.index = CallIndex()  # which entry calls of other shapes or modes matched last
         self.switching = False  # the last call replayed another graph than the one before it
@@ -295,17 +297,13 @@ class Graphs:
         eager_keys = warm_keys if not self.entries else None
         if self.checking is not None:
             entry = checked_entry(self.owner, self.module, call, mode, eager_keys, self.checking, self.runner,
-                                  self.stats, found)
+                                  self.stats, self.policy, found)
             self.entries.insert(0, entry)
             return entry
-        # outputs="safe" where the pool already holds a graph (another signature's, another
-        # wrapper's): results lent from this capture's memory could sit where that graph
-        # writes its temporaries. This call returns copies; the next one captures it again
-        # with its results copied out of the pool (a twin of it, see _twin), which lends them.
-        lend_later = self.lend and not layer_hint and self.runner.pool.in_use()
-        entry, _ = record(owner=self.owner, module=self.module, runner=self.runner, layout=call.layout,
-                          leaves=call.leaves, mode=mode, clone=self.clone, lend=self.lend and not lend_later,
-                          texts=call.texts, objs=call.objs, eager_keys=eager_keys, alone=layer_hint, found=found)
+        plan = plan_capture(self.policy, Facts(Capture.FIRST, layer=layer_hint, pool_in_use=self.runner.pool.in_use(),
+                                               lendable=lendable()))
+        entry, _ = record(owner=self.owner, module=self.module, runner=self.runner, call=call, mode=mode, plan=plan,
+                          eager_keys=eager_keys, found=found)
         self.entries.insert(0, entry)
         stats = self.stats
         stats.captures += 1
@@ -313,8 +311,7 @@ class Graphs:
         stats.capture_seconds = entry.capture_seconds
         log.info("%s: captured graph %d in %.1f ms (%d held)", self.owner, stats.captures,
                  1e3 * entry.capture_seconds, len(self.entries))
-        OutputSets(entry, self, stats, self.owner,
-                   lend_later=lend_later and entry.layer is None and bool(entry.plan.graph))
+        Signature(entry, self, stats, self.owner)
         return entry
 
     def eager(self, call: CallRead, mode: Any, watch: Discovery, ran: Any = NOT_RUN) -> tuple[EagerEntry, Any]:
@@ -335,11 +332,10 @@ class Graphs:
         self.entries.insert(0, entry)
         return entry, ran
 
-    # -- what output sets ask (the Recorder of _outputsets) -------------------------------
-    def record_again(self, entry: Entry, leaves: Any, objs: dict, lend: bool, like: Entry | None,
-                     lend_drops: bool = False) -> Entry:
-        """``entry``'s call captured again: a lending one (``lend``), or a graph returning copies
-        (which lends the ``.grad`` its step drops where ``lend_drops``).
+    # -- what signatures ask (the Recorder of _signature) ---------------------------------
+    def record_again(self, entry: Entry, leaves: Any, objs: dict, capture: Capture, like: Entry | None) -> Entry:
+        """``entry``'s call captured again, for ``capture`` (``_policy.Capture``): a lending one,
+        or a graph returning copies.
 
         A lending capture copies its results, inside its graph, into buffers of its own
         beside ``like``'s graph, laid out as ``like``'s results (``_twin``); a layer's, whose
@@ -350,10 +346,11 @@ class Graphs:
         the call's: the call's values in buffers aliased and strided as ``entry``'s (a call
         ``decide`` let through may pass one tensor twice where ``entry`` has two buffers, or
         other gaps between elements), with ``entry``'s signature."""
-        alone = entry.layer is not None
-        return record(owner=self.owner, module=self.module, runner=self.runner, layout=entry.spec.layout,
-                      leaves=_laid_out_as(entry, leaves), mode=entry.mode, clone=True, lend=lend,
-                      lend_drops=lend_drops, texts=entry.texts, objs=objs, alone=alone, like=None if alone else like, spec=entry.spec)[0]
+        facts = Facts(capture, layer=entry.layer is not None, lendable=lendable())
+        plan = plan_capture(self.policy, facts)
+        call = CallRead(None, entry.spec.layout, _laid_out_as(entry, leaves), objs, entry.texts)
+        return record(owner=self.owner, module=self.module, runner=self.runner, call=call, mode=entry.mode,
+                      plan=plan, like=like if plan.beside else None, spec=entry.spec)[0]
 
     def replace(self, old: Entry, new: Entry) -> None:
         self.entries[self.entries.index(old)] = new

@@ -47,6 +47,7 @@ from ._graphs import NOT_RUN, Graphs, Warming
 from ._mode import Mode, global_mode
 from ._optim import explain as explain_optimizers
 from ._options import Options, State
+from ._policy import OutputPolicy
 from ._paths import user_stacklevel
 from ._record import CallRead, mode_reader
 from ._backend import make_runner
@@ -183,8 +184,7 @@ class CudaGraphModule(WrapperSurface):
         self.warmup = warmup
         self.in_keys, self.out_keys = resolve_keys(module, in_keys, out_keys)
         self._given_device = device
-        self._clone = outputs != "static"
-        self._lend = outputs == "safe"
+        self._policy = OutputPolicy(outputs)
         self._owner = f"CudaGraphModule({module_name(module)})"
         self._is_tensordict_module = self.in_keys is not None
         self._arg_names = ("tensordict",) if self._is_tensordict_module else ()
@@ -202,7 +202,7 @@ class CudaGraphModule(WrapperSurface):
 
     def _reset_state(self) -> None:
         self._graphs = Graphs(owner=self._owner, module=self.module, runner=self._runner, stats=self._stats,
-                              clone=self._clone, lend=self._lend, in_keys=self.in_keys, arg_names=self._arg_names)
+                              policy=self._policy, in_keys=self.in_keys, arg_names=self._arg_names)
         self._state = State.WARMUP
         self._warmed = 0  # warmup calls of the first signature
         self._mode = None  # the ModeReader, from the first capture

@@ -6,6 +6,8 @@ import dataclasses
 import enum
 from typing import Any
 
+from ._policy import OutputPolicy
+
 __all__ = ["AUTO_GRAPHS", "Options", "State"]
 
 #: ``max_graphs=None`` (the default): the most graphs a wrapper keeps for calls that differ only in
@@ -32,7 +34,7 @@ class State(str, enum.Enum):
 
 
 _CHOICES = {
-    "outputs": ("clone", "safe", "static"),
+    "outputs": tuple(sorted(policy.value for policy in OutputPolicy)),
     "capture_error_mode": ("thread_local", "global", "relaxed"),
     "on_capture_failure": ("raise", "eager"),
     "on_stale": ("raise", "recapture"),

@@ -20,7 +20,7 @@ from torch import nn
 
 from ._inputs import Materialized, Span, StaticInputs, storage_base
 from ._lend import DroppingLender, Lender
-from ._lend import available as lendable
+from ._policy import CapturePlan
 from ._recipes import (
     Const,
     DictOf,
@@ -234,15 +234,17 @@ class PlanBuilder:
 class Plan:
     """What the graph produced, and how a call's result and effects are built from it.
 
-    ``values(clone)`` gives this call's view of the graph's tensors: copies that later
-    calls never overwrite (``clone=True``), or the buffers themselves; with a
-    ``lender`` (``outputs="safe"``), the buffers lent out (see ``_lend``).
+    ``values()`` gives this call's view of the graph's tensors, as ``outputs`` (the capture's
+    plan, ``_policy``) says: copies that later calls never overwrite (``outputs.clone``), or
+    the buffers themselves; with a ``lender`` (``outputs.lend``), the buffers lent out (see
+    ``_lend``).
     """
 
-    def __init__(self, graph: list[Tensor], requires_grad: list[bool], lend: bool = False,
+    def __init__(self, graph: list[Tensor], requires_grad: list[bool], outputs: CapturePlan,
                  drops: list[tuple[Tensor, Tensor]] | None = None, enables_grad: bool = False,
-                 drop_index: tuple[int, ...] | None = None, lend_drops: bool = False):
+                 drop_index: tuple[int, ...] | None = None):
         self.graph = graph
+        self.outputs, self.clone = outputs, outputs.clone
         # a train step that enables grad inside a call under torch.no_grad(): its outputs
         # require grad also where the call's grad mode is off, as eagerly
         self.enables_grad = enables_grad
@@ -260,22 +262,22 @@ class Plan:
         # a caller holds them (see _lend); ``drops``: the .grad a train step drops at its start
         # (released before asking whether a caller holds a result, see _rebind; ``drop_index``:
         # the graph output each of those .grad is, where each is one). A graph returning copies
-        # (``lend_drops``) still lends them: the step drops them at its next call, so a copy of
-        # each would be made for nothing
+        # (``outputs.lend_drops``) still lends them: the step drops them at its next call, so a
+        # copy of each would be made for nothing
         self.lender = None
-        if lend and graph and lendable():
+        if outputs.lend:
             self.lender = DroppingLender(graph, drops, index=drop_index) if drops else Lender(graph)
-        elif lend_drops and drops and drop_index and lendable() and not self.shared:
+        elif outputs.lend_drops and drops and drop_index and not self.shared:
             # (no output shares memory with another: the copies never alias a lent .grad)
             copied = frozenset(range(len(graph))) - frozenset(drop_index)
             self.lender = DroppingLender(graph, drops, copied, index=drop_index)
 
-    def values(self, clone: bool) -> list[Tensor]:
+    def values(self) -> list[Tensor]:
         graph = self.graph
         lender = self.lender
         if lender is not None:
             out = lender.values()
-        elif not clone or not graph:
+        elif not self.clone or not graph:
             out = list(graph)
         elif not self.shared:
             if len(graph) == 1:

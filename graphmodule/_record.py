@@ -33,6 +33,7 @@ from ._hooks import HookEffects, detach_hook_weights
 from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
 from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
+from ._policy import CapturePlan
 from ._paths import describe, leaf_texts
 from ._rebind import Bindings
 from ._spec import InputSpec
@@ -233,139 +234,165 @@ def mode_reader(watch: Discovery) -> ModeReader:
     return ModeReader([m for m, _ in watch.modules], [label for _, label in watch.modules])
 
 
-def record(
-    *,
-    owner: str,
-    module: Callable[..., Any],
-    runner: Any,
-    layout: Layout,
-    leaves: list,
-    mode: tuple,
-    clone: bool,
-    texts: list[str],
-    lend: bool = False,
-    lend_drops: bool = False,
-    objs: dict | None = None,
-    eager_keys: list | None = None,
-    alone: bool = False,
-    like: Entry | None = None,
-    spec: InputSpec | None = None,
-    found: Discovery | None = None,
-) -> tuple[Entry, Materialized]:
-    """Capture ``module`` on a call's leaves; returns the entry and what it was handed.
+class _Ready(NamedTuple):
+    """What a capture prepared: what exists before it, the inputs handed to the function, and
+    the snapshots its effects are found against."""
 
-    ``lend_drops``: a graph returning copies (``lend`` off) that lends the ``.grad`` its step
-    drops at its start (``_lend.DroppingLender``), where it has such.
-    ``alone``: capture in memory no other graph writes, as for lent outputs (a graph that is
-    likely a layer: its activations must outlive the replay, until its backward).
-    ``like``: a graph of this call (lending, or returning copies until it is captured again to
-    lend): captured beside it, copying its results into buffers of its own, laid out as
-    ``like``'s (see ``_twin``). ``spec``: the signature the graph serves (another graph's, for
-    a capture made from that graph's layout), else the one ``leaves`` have. ``found``: a walk
-    from ``module`` (without backward hooks) taken since the last Python ran: with grad
-    disabled, the walk a capture takes first.
+    before: Discovery
+    inputs: StaticInputs
+    tracked: list[int]  # inputs that require grad (grad enabled)
+    marks: Marks | None
+    trains: Marks | None
+    materialized: Materialized
+    containers: ContainerSnapshot
+    python: PythonEffects
+    snapshots: tuple  # the inputs' versions, bytes and layouts
 
-    Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
-    for an effect or output a replay could not reproduce (the graph is released then).
-    """
-    spec = spec or InputSpec(layout, leaves, mode)
-    grad = torch.is_grad_enabled()
+
+def _prepare(owner: str, module: Callable[..., Any], call: CallRead, mode: tuple, grad: bool,
+             found: Discovery | None) -> _Ready:
+    """Before a capture: what the function reads, refused where a capture cannot take it, and
+    the inputs it is handed."""
     # what exists before the capture: parameters, state... (and the backward hooks a train step runs);
     # a walk only: the entry's Watch, checked at every call, is taken after the capture
     before = found if found is not None and not grad else Discovery(module, backward_hooks=grad)
     # weights a weight_norm hook computed at an earlier call, detached first (_hooks); found again then
     if grad and detach_hook_weights(module, before.modules):
         before = Discovery(module, backward_hooks=grad)
-    check_capture(owner, mode, before.tensors(), list(zip(texts, leaves)))
-    inputs = StaticInputs(layout, leaves)
-    tracked = track_inputs(owner, inputs, leaves, texts) if grad else []
+    check_capture(owner, mode, before.tensors(), list(zip(call.texts, call.leaves)))
+    inputs = StaticInputs(call.layout, call.leaves)
+    tracked = track_inputs(owner, inputs, call.leaves, call.texts) if grad else []
     marks = Marks(before.externals.values(), [inputs.leaves[i] for i in tracked]) if grad else None
     # (grad disabled: to tell a train step that enables grad inside, see _outputs_as_eagerly)
     # (none under inference mode, where nothing requires grad)
     trains = marks or (None if torch.is_inference_mode_enabled() else Marks(before.externals.values(), []))
-    materialized = Materialized(inputs, callers=objs)
-    containers = ContainerSnapshot(materialized)
-    python = PythonEffects(before.functions)
-    versions, snapshot, layouts = inputs.versions(), inputs.snapshot(), inputs.layouts()
-    args, kwargs = materialized.tree
+    materialized = Materialized(inputs, callers=call.objs)
+    return _Ready(before, inputs, tracked, marks, trains, materialized, ContainerSnapshot(materialized),
+                  PythonEffects(before.functions), (inputs.versions(), inputs.snapshot(), inputs.layouts()))
 
+
+def _capture(owner: str, module: Callable[..., Any], runner: Any, ready: _Ready, plan: CapturePlan,
+             twin: CopyOut | None, like: Entry | None) -> tuple[Any, HookEffects, Bindings, dict]:
+    """The runner's capture of the call (a ``twin``: beside ``like``'s graph), under effect
+    discovery: ``(captured, hooks, bindings, settings)``; what the call bound and changed in
+    Python put back if it failed."""
+    args, kwargs = ready.materialized.tree
     body = lambda: module(*args, **kwargs)  # noqa: E731
-    twin = CopyOut(like, materialized) if like is not None else None
     # the hooks a call runs, each run under effect discovery (first: Bindings' own are not judged)
-    hooks = HookEffects(before.hook_dicts())
-    bindings = Bindings(before)  # .grad and attributes, to find what the function rebinds
+    hooks = HookEffects(ready.before.hook_dicts())
+    bindings = Bindings(ready.before)  # .grad and attributes, to find what the function rebinds
     settings = global_settings()  # torch's global state: a replay would not set it again
     try:
         with _own_parametrize_cache():
             if twin is None:
-                captured = runner.capture(body, owner, alone=lend or lend_drops or alone)
+                captured = runner.capture(body, owner, alone=plan.alone)
             else:
-                captured = runner.capture(twin.wrap(body), owner, alone=alone, beside=like.handle)
+                captured = runner.capture(twin.wrap(body), owner, alone=plan.alone, beside=like.handle)
     except BaseException:
-        _undo(hooks, bindings, python)
+        _undo(hooks, bindings, ready.python)
         raise
     hooks.close()  # (before the probes go: what a refused hook changed is put back as it was)
     bindings.close()
-    handle, out = captured.handle, captured.out
+    return captured, hooks, bindings, settings
+
+
+def _refuse_changes(owner: str, call: CallRead, ready: _Ready, out: Any, eager_keys: list | None,
+                    hooks: HookEffects, bindings: Bindings, settings: dict) -> None:
+    """What the capturing call changed that a replay would not change again, refused."""
+    hooks.refuse(owner)
+    _same_settings(owner, settings)
+    hooks.excuse(ready.python, bindings)
+    _same_layouts(owner, ready.inputs, ready.snapshots[2], call.texts)
+    _same_returned_keys(owner, out, eager_keys, ready.materialized, call.objs or {})
+    changed = ready.python.changes() + bindings.python_changes()
+    if changed:
+        raise UnsupportedError(
+            owner,
+            "the function changes Python state, which a replay (GPU work only) would not: "
+            + "; ".join(changed) + ".",
+            "keep that state outside the wrapped function (update it after the call), or "
+            "hold it in a tensor the function updates in place.",
+        )
+
+
+class _Built(NamedTuple):
+    """What a capture's outputs and effects became."""
+
+    effects: Effects
+    out_recipe: Any
+    builder: PlanBuilder
+    rebinds: Any  # Bindings.rebinds
+    layer: Any  # _grad.Layer, or None
+    plan: Plan
+
+
+def _build(owner: str, runner: Any, call: CallRead, ready: _Ready, out: Any, bindings: Bindings, grad: bool,
+           outputs: CapturePlan, twin: CopyOut | None) -> _Built:
+    """The recipes of the capture's outputs and effects, its layer (a backward graph) and its
+    plan of outputs; raises what a replay could not reproduce."""
+    inputs = ready.inputs
+    written = inputs.written(*ready.snapshots[:2])
+    builder = PlanBuilder(inputs, ready.materialized, ready.before.externals, ready.before.known,
+                          ready.before.places())
+    builder.aliases = bindings.aliases
     try:
-        hooks.refuse(owner)
-        _same_settings(owner, settings)
-        hooks.excuse(python, bindings)
-        _same_layouts(owner, inputs, layouts, texts)
-        _same_returned_keys(owner, out, eager_keys, materialized, objs or {})
-        changed = python.changes() + bindings.python_changes()
-        if changed:
-            raise UnsupportedError(
-                owner,
-                "the function changes Python state, which a replay (GPU work only) would not: "
-                + "; ".join(changed) + ".",
-                "keep that state outside the wrapped function (update it after the call), or "
-                "hold it in a tensor the function updates in place.",
-            )
-        written = inputs.written(versions, snapshot)
-        builder = PlanBuilder(inputs, materialized, before.externals, before.known, before.places())
-        builder.aliases = bindings.aliases
-        try:
-            effects = Effects(written, containers.changes(), materialized, builder)
-            out_recipe = builder.plan(out)
-            _rebuildable_views(owner, builder.stride_checked, leaves, inputs, texts)
-            rebinds = bindings.rebinds(owner, builder)  # (after the outputs: they may hold what it rebinds)
-            effects.rebind(rebinds.ops)
-        except Unsupported as exc:
-            raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
-                                   "TensorDicts, tensorclasses or plain objects holding them.") from None
-        enables_grad = _outputs_as_eagerly(owner, builder, grad, trains)
-        layer = capture_layer(owner=owner, runner=runner, watch=before, inputs=inputs, tracked=tracked, marks=marks,
-                              sources=builder.sources, requires_grad=builder.graph_requires_grad, texts=texts,
-                              clone=clone, lend=lend)
-        graph = builder.graph if twin is None else twin.outputs(builder.graph)
-        plan = Plan(graph, builder.graph_requires_grad if layer is None else [], lend=lend, drops=rebinds.drops,
-                    enables_grad=enables_grad, drop_index=builder.graph_indices([t.grad for t, _ in rebinds.drops]),
-                    lend_drops=lend_drops)
+        effects = Effects(written, ready.containers.changes(), ready.materialized, builder)
+        out_recipe = builder.plan(out)
+        _rebuildable_views(owner, builder.stride_checked, call.leaves, inputs, call.texts)
+        rebinds = bindings.rebinds(owner, builder)  # (after the outputs: they may hold what it rebinds)
+        effects.rebind(rebinds.ops)
+    except Unsupported as exc:
+        raise UnsupportedError(owner, f"{exc}.", "return tensors, containers of tensors, "
+                               "TensorDicts, tensorclasses or plain objects holding them.") from None
+    enables_grad = _outputs_as_eagerly(owner, builder, grad, ready.trains)
+    layer = capture_layer(owner=owner, runner=runner, watch=ready.before, inputs=inputs, tracked=ready.tracked,
+                          marks=ready.marks, sources=builder.sources, requires_grad=builder.graph_requires_grad,
+                          texts=call.texts, outputs=outputs)
+    graph = builder.graph if twin is None else twin.outputs(builder.graph)
+    settled = outputs.settled(outputs=bool(graph), layer=layer is not None)
+    plan = Plan(graph, builder.graph_requires_grad if layer is None else [], settled, drops=rebinds.drops,
+                enables_grad=enables_grad, drop_index=builder.graph_indices([t.grad for t, _ in rebinds.drops]))
+    return _Built(effects, out_recipe, builder, rebinds, layer, plan)
+
+
+def record(*, owner: str, module: Callable[..., Any], runner: Any, call: CallRead, mode: tuple, plan: CapturePlan,
+           eager_keys: list | None = None, like: Entry | None = None, spec: InputSpec | None = None,
+           found: Discovery | None = None) -> tuple[Entry, Materialized]:
+    """Capture ``module`` on ``call`` (its layout, leaves, slot values and places; not its tree)
+    as ``plan`` says (``_policy``); returns the entry and what the function was handed.
+
+    ``like``: with ``plan.beside``, the graph of this call captured beside (its results copied
+    into buffers of its own, laid out as ``like``'s, see ``_twin``). ``spec``: the signature the
+    graph serves (another graph's, for a capture made from that graph's layout), else the one
+    ``call`` has. ``found``: a walk from ``module`` (without backward hooks) taken since the
+    last Python ran: with grad disabled, the walk a capture takes first.
+
+    Raises the runner's :class:`~graphmodule.CaptureError`, or :class:`UnsupportedError`
+    for an effect or output a replay could not reproduce (the graph is released then).
+    """
+    spec = spec or InputSpec(call.layout, call.leaves, mode)
+    grad = torch.is_grad_enabled()
+    ready = _prepare(owner, module, call, mode, grad, found)
+    twin = CopyOut(like, ready.materialized) if plan.beside else None
+    captured, hooks, bindings, settings = _capture(owner, module, runner, ready, plan, twin, like)
+    try:
+        _refuse_changes(owner, call, ready, captured.out, eager_keys, hooks, bindings, settings)
+        built = _build(owner, runner, call, ready, captured.out, bindings, grad, plan, twin)
     except BaseException:
-        runner.release(handle)
+        runner.release(captured.handle)
         raise
+    layer = built.layer
     entry = Entry(
-        spec=spec,
-        inputs=inputs,
-        effects=effects,
-        plan=plan,
-        out_recipe=out_recipe,
-        stride_checked=builder.stride_checked,
+        spec=spec, inputs=ready.inputs, effects=built.effects,
+        plan=built.plan, out_recipe=built.out_recipe, stride_checked=built.builder.stride_checked,
         # after the capture: what the replays must keep reading (backward hooks where the graph
         # runs a backward itself; a layer's backward graph watches its own, see _grad)
-        watch=Watch(module, backward_hooks=grad and layer is None, rebound=rebinds),
-        runner=runner,
-        handle=handle,
-        clone=clone,
-        texts=texts,
-        layer=layer,
+        watch=Watch(module, backward_hooks=grad and layer is None, rebound=built.rebinds),
+        runner=runner, handle=captured.handle, texts=call.texts, layer=layer,
         # a layer's backward capture counts too; a twin's buffers (outside any pool) too
         capture_bytes=captured.bytes + (layer.capture_bytes if layer is not None else 0)
         + (twin.nbytes if twin is not None else 0),
         capture_seconds=captured.seconds + (layer.capture_seconds if layer is not None else 0.0),
-        cuda_graph=captured.cuda_graph,
-        dump=captured.dump,
+        cuda_graph=captured.cuda_graph, dump=captured.dump,
     )
-    return entry, materialized
-
+    return entry, ready.materialized

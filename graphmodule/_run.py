@@ -51,7 +51,7 @@ def _copy_in(entry: Entry) -> tuple[Any, Any, Callable[[Any], None]]:
 
 def _one_result(entry: Entry) -> Run | None:
     """One result, the graph's first buffer: lent (``outputs="safe"``), cloned or the buffer."""
-    lender, out, clone = entry.plan.lender, entry.plan.graph[0], entry.clone
+    lender, out, clone = entry.plan.lender, entry.plan.graph[0], entry.plan.clone
     lent = lender.lone if lender is not None else None
     if lender is not None and lent is None:  # (a result without memory: the lender clones it)
         return None
@@ -83,7 +83,7 @@ def _written_results(entry: Entry, general: Run) -> Run | None:
     writes = [(name, recipe.index) for name, recipe in ops[0].writes if recipe.kind is GRAPH]
     if len(writes) != len(ops[0].writes):
         return None
-    lender, clone, values = plan.lender, entry.clone, plan.values
+    lender, values = plan.lender, plan.values
     # one result lent, written once: as Lender.values would give it, without the list
     lent = lender.lone if lender is not None and len(writes) == 1 else None
     name = writes[0][0] if lent is not None else None
@@ -105,7 +105,7 @@ def _written_results(entry: Entry, general: Run) -> Run | None:
         if lent is not None:
             entries[name] = lent.data
         else:
-            results = values(clone)
+            results = values()
             for key, j in writes:
                 entries[key] = results[j]
         return td

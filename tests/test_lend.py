@@ -369,7 +369,7 @@ def test_calls_run_eagerly_where_no_copying_graph_can_be_captured(graph_backend,
     record = graphs.record
 
     def failing(**kwargs):
-        if not kwargs["lend"]:
+        if not kwargs["plan"].lend:
             raise RuntimeError("no memory for a copying graph")
         return record(**kwargs)
 

@@ -101,3 +101,66 @@ def test_a_wrapper_is_freed_without_the_collector(options):
     finally:
         if enabled:
             gc.enable()
+
+
+# -- the machine alone (pure: states, actions, outcomes) ------------------------------------
+from graphmodule._outputsets import (  # noqa: E402
+    AFTER,
+    ON_HELD,
+    OUTPUT_SETS,
+    Action,
+    Outcome,
+    OutputSets,
+    OutputState,
+)
+
+S = OutputState
+
+
+@pytest.mark.parametrize("state, action", [
+    (S.LEND_LATER, Action.LEND_NOW), (S.LENDING, Action.TWIN), (S.TWINS, Action.TWIN), (S.FULL, Action.COPIES),
+    (S.EAGER_WHILE_HELD, Action.EAGER),
+])
+def test_the_action_of_a_call_that_finds_every_set_held(state, action):
+    assert OutputSets(state).on_held() is action
+
+
+def test_states_with_one_set_never_held_back_have_no_action():
+    # (COPYING's one set is held back where it lends the .grad a train step drops, and one is kept)
+    assert set(ON_HELD) == set(S) - {S.STATIC, S.RELEASED}
+    assert ON_HELD[S.COPYING] is Action.COPIES_ALL
+
+
+# (state, action, outcome, sets there are after) -> (state, new graph, next action of the same call)
+STEPS = [
+    (S.LEND_LATER, Action.LEND_NOW, Outcome.MADE, 1, (S.LENDING, True, None)),
+    (S.LEND_LATER, Action.LEND_NOW, Outcome.FAILED, 1, (S.COPYING, False, None)),
+    (S.LENDING, Action.TWIN, Outcome.MADE, 2, (S.TWINS, False, None)),
+    (S.TWINS, Action.TWIN, Outcome.MADE, OUTPUT_SETS, (S.FULL, False, None)),
+    (S.LENDING, Action.TWIN, Outcome.REPLACES, 1, (S.FULL, True, None)),
+    (S.LENDING, Action.TWIN, Outcome.FAILED, 1, (S.FULL, False, Action.COPIES)),
+    (S.TWINS, Action.TWIN, Outcome.FAILED, 2, (S.FULL, False, Action.COPIES)),
+    (S.FULL, Action.COPIES, Outcome.MADE, 3, (S.COPYING, True, None)),
+    (S.FULL, Action.COPIES, Outcome.FAILED, 3, (S.EAGER_WHILE_HELD, False, Action.EAGER)),
+    (S.COPYING, Action.COPIES_ALL, Outcome.MADE, 1, (S.COPYING, True, None)),
+    (S.COPYING, Action.COPIES_ALL, Outcome.FAILED, 1, (S.EAGER_WHILE_HELD, False, Action.EAGER)),
+]
+
+
+@pytest.mark.parametrize("state, action, outcome, sets, expected", STEPS)
+def test_the_step_after_each_outcome(state, action, outcome, sets, expected):
+    machine = OutputSets(state)
+    step = machine.after(action, outcome, sets)
+    assert tuple(step) == expected
+    # these sets move, unless the step is a new graph's (the old graph is released then)
+    assert machine.state is (state if step.new_graph else step.state)
+
+
+def test_every_outcome_of_every_action_has_a_step():
+    assert {(a, o) for _, a, o, _, _ in STEPS} == set(AFTER)
+    assert {a for a, _ in AFTER} == set(Action) - {Action.EAGER}  # (an eager call has no outcome)
+
+
+def test_a_move_not_in_the_table_is_refused():
+    with pytest.raises(AssertionError, match="no transition COPYING -> LENDING"):
+        OutputSets(S.COPYING).move(S.LENDING)
