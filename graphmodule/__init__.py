@@ -80,7 +80,8 @@ from ._errors import (
 )
 from ._hooks import allow_hook
 from ._module import CudaGraphModule
-from ._options import Options, State
+from ._lifecycle import State
+from ._options import Options
 from ._stats import GraphStats
 
 __version__ = "0.2.0"
