@@ -39,7 +39,13 @@ log = logging.getLogger("graphmodule")
 
 
 class Capturing:
-    """The capture, its failure and staleness: methods of the wrapper (see the module docstring)."""
+    """The capture, its failure and staleness: methods of the wrapper (see the module docstring).
+
+    They read the wrapper's ``module``, ``options``, ``_graphs``, ``_runner``, ``_stats`` and
+    ``_mode``, move its ``_phase`` (:meth:`_move`, by the table), and go back to its slow path
+    (``_slow``, ``_variant``, ``_new_signature``: ``_module``) where a stale graph's call
+    needs another.
+    """
 
     def _move(self, event: Event) -> None:
         """The only place the wrapper's phase changes (after construction): by its table."""
