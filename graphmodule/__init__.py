@@ -5,13 +5,19 @@
 
 Modules, one concept each:
 
-- ``_module``: ``CudaGraphModule``: its life cycle (``State``: warmup → captured, failed,
-  eager) and the hot path of a call.
+- ``_module``: ``CudaGraphModule``: its construction, the hot path of a call and the slow
+  path's choice (warmup, a new signature, a refusal).
+- ``_lifecycle``: its life cycle as a table: ``State`` (warmup → captured, failed, eager), the
+  ``Phase`` behind it (in eager, why: no CUDA, ``backend="eager"``, a failed capture), the
+  events that move it and every transition (one not in the table raises).
+- ``_capturing``: the slow path's ends: a capture and what its outcome does to the life cycle
+  (a graph, a failure that raises or runs eagerly), a stale graph dropped.
 - ``_surface``: what a wrapper shows besides calls: ``state``, ``stats``, ``graph``,
   ``pool``, ``explain()``, ``debug_dump()``, tensordict's attributes, ``repr``, copies.
-- ``_options``: its options (a frozen dataclass) and state (an enum).
+- ``_options``: its options (a frozen dataclass).
 - ``_graphs``: the graphs a wrapper holds, and the slow path's work on them: finding a
-  call's graph, warmup calls, capturing, capturing again, dropping stale and evicted ones.
+  call's graph, warmup calls (counted there only, per signature: ``Warming``), capturing,
+  capturing again, dropping stale and evicted ones.
 - ``_index``: which graph a call of another signature matched last (several graphs held).
 - ``_variants``: which calls get a graph of their own by default (``max_graphs=None``): those
   that differ from the held graphs only in Python values and modes, up to 8.
@@ -70,7 +76,8 @@ Modules, one concept each:
 - ``_diagnose``: the likely cause of a failed capture.
 - ``_distributed``: graphs beside ``torch.distributed``: released before their process group
   goes; the rules of capturing a DDP step.
-- ``_dispatch``: TensorDict keys, calling conventions, keyword order.
+- ``_dispatch``: TensorDict keys, calling conventions (``TensorDictCalls``: a TensorDict
+  module's call styles, chosen at construction), keyword order.
 - ``_paths``: names of places in a call, for messages.
 - ``_errors``, ``_stats``: what users catch and read.
 """
@@ -88,7 +95,8 @@ from ._errors import (
 )
 from ._hooks import allow_hook
 from ._module import CudaGraphModule
-from ._options import Options, State
+from ._lifecycle import State
+from ._options import Options
 from ._stats import GraphStats
 
 __version__ = "0.2.0"

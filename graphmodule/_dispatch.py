@@ -12,21 +12,26 @@ Both call styles of one ``TensorDictModuleBase`` share its graphs: dispatch turn
 which the caller never sees, takes the batch size of a graph whose entries it fits
 (:func:`fit_batch`); a TensorDict of another batch size than a graph captured from keywords
 is served through a stand-in of the graph's (``_entry.Entry.rebatched``).
+
+:class:`TensorDictCalls` is that call style, chosen once at construction for a TensorDict
+module (a plain function's wrapper has none): the hot path tests only whether a call needs
+dispatch, and such a call reaches the wrapper as one whose TensorDict dispatch built.
 """
 
 from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import unravel_key
 
 from ._paths import NestedKey, as_key, user_stacklevel
 
 __all__ = ["resolve_keys", "module_name", "by_key_paths", "binds_kwargs_by_name", "sorted_kwargs", "fit_batch",
-           "stand_in", "add_required"]
+           "stand_in", "add_required", "TensorDictCalls"]
 
 
 def _normalise(keys: Any) -> list | None:
@@ -144,3 +149,54 @@ def add_required(td: Any, requires: Any) -> None:
     for position, key, batch_size in requires:
         if position == 0 and batch_size is not None and td.get(key, None) is None:
             td.set(key, TensorDict(batch_size=batch_size, device=td.device))
+
+
+class Dispatched(Protocol):
+    """What :class:`TensorDictCalls` hands a call to once dispatch has read it."""
+
+    def _call_built(self, tensordict: Any, args: tuple, kwargs: dict, built: Any) -> Any:
+        """``tensordict`` (``built``: the one dispatch built from keywords or tensors, or None)."""
+
+
+class TensorDictCalls:
+    """A TensorDict module's call styles (see the module docstring), chosen at construction.
+
+    ``keyed``: the module reads keys (``in_keys`` not empty): a first argument that is not a
+    TensorDict is one of its inputs, for dispatch to put in one. ``both_styles``: a TensorDict
+    module proper, whose keyword calls and TensorDict calls share graphs. ``built``: during a
+    call, the TensorDict dispatch built for it (the caller never sees it), else None.
+    """
+
+    __slots__ = ("in_keys", "out_keys", "keyed", "both_styles", "built")
+
+    def __init__(self, module: Any, in_keys: list, out_keys: list) -> None:
+        self.in_keys, self.out_keys = in_keys, out_keys  # (what dispatch reads, by these names)
+        self.keyed = bool(in_keys)
+        self.both_styles = isinstance(module, TensorDictModuleBase)
+        self.built: TensorDictBase | None = None
+
+    def call(self, wrapper: Dispatched, args: tuple, kwargs: dict) -> Any:
+        """A call the hot path cannot take as it is (keywords, positional tensors,
+        ``tensordict_out``, no argument) through dispatch: a TensorDict call is passed on
+        unchanged by it (and a function reading a TensorDict, ``in_keys=[]``, is not given one
+        built from a tensor)."""
+        given = args[0] if args and isinstance(args[0], TensorDictBase) else kwargs.get("tensordict")
+        return self._dispatch(*args, _wrapper=wrapper, _given=given, **kwargs)
+
+    @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
+    def _dispatch(self, tensordict, *args: Any, tensordict_out: Any = None, _wrapper: Any = None, _given: Any = None,
+                  **kwargs: Any) -> Any:
+        # built by dispatch from keywords or tensors (batch size []): the caller never sees it
+        built = tensordict if tensordict is not _given and isinstance(tensordict, TensorDictBase) else None
+        if tensordict_out is not None:
+            kwargs["tensordict_out"] = tensordict_out
+        return _wrapper._call_built(tensordict, args, kwargs, built)
+
+    def one_tensordict(self, args: tuple, kwargs: dict) -> bool:
+        """A call ``g(td)`` of a TensorDict module served in both call styles (see ``_graphs``)."""
+        return self.both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase)
+
+    def built_first(self, args: tuple) -> bool:
+        """Whether the call's first argument is the TensorDict dispatch built (from keywords:
+        it has no batch size of the caller's to blame)."""
+        return self.built is not None and bool(args) and args[0] is self.built

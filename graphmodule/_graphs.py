@@ -60,11 +60,13 @@ class Warming:
     """A signature no graph has yet: its warmup calls so far, and what the last one showed.
 
     Counted per signature (``spec`` under ``mode``), so that signatures whose calls alternate
-    (a flag that flips at every call) each have their ``warmup`` calls before their capture."""
+    (a flag that flips at every call) each have their ``warmup`` calls before their capture;
+    :attr:`Graphs.first` counts the calls before the first graph together, whatever their
+    signatures. The wrapper's only warmup counter (:meth:`Graphs.warmup_call` counts)."""
 
-    spec: InputSpec  # (without its mode: ``mode`` may be read again, see Graphs.know_modules)
+    spec: InputSpec | None  # (without its mode: ``mode`` may be read again, see Graphs.know_modules)
     mode: tuple
-    calls: int = 0  # its warmup calls so far (max_graphs=None: those that returned)
+    calls: int = 0  # its warmup calls so far (those that returned: a call that raises is not one)
     keys: list | None = None  # keys of the TensorDict its last warmup call returned
     layer_hint: bool = False  # its last warmup call returned tensors that track gradients (_grad)
 
@@ -120,6 +122,8 @@ class Graphs:
         self.index = CallIndex()  # which entry calls of other shapes or modes matched last
         self.switching = False  # the last call replayed another graph than the one before it
         self.pending: dict[tuple, Warming] = {}  # signatures not captured yet, oldest first
+        # the calls before the first graph, counted together (max_graphs=N; or calls no signature reads)
+        self.first = Warming(None, ())
         self.returned_input: bool | None = None  # a TensorDict module's warmup returned its input
         self.warm_keys: list | None = None  # keys of the TensorDict the last warmup call returned
         self.layer_hint = False  # the last warmup call returned tensors that track gradients (_grad)
@@ -174,23 +178,25 @@ class Graphs:
         return NOT_SERVED
 
     # -- warmup --------------------------------------------------------------------------
-    def warmup_call(self, args: tuple, kwargs: dict, first: bool, warming: Warming | None = None) -> Any:
-        """A warmup call, run eagerly; ``first``: of the wrapper's first signature (its result
-        tells the capture what the eager call returns); ``warming``: its signature's record,
-        which keeps what the call showed for that signature's capture."""
+    def warmup_call(self, args: tuple, kwargs: dict, warming: Warming) -> Any:
+        """A warmup call, run eagerly, counted in ``warming`` (its signature's record, or
+        :attr:`first`), which keeps what the call showed for that signature's capture; before
+        the first graph, its result also tells the capture what the eager call returns."""
         _untie_hook_weights(self.module)
         # the optimizers it steps made capturable before their first step, where exact (_optim)
         out = stepping_capturable(self.owner, self.module, self.runner.device,
                                   lambda: self.runner.run_eager(lambda: self.module(*args, **kwargs)),
                                   simulated=self.runner.kind is Kind.SIMULATED)
         self.layer_hint = tracks_grad(out)
-        if first:
+        if not self.entries:
             if self.returned_input is None and self.in_keys is not None and args:  # (a TensorDict module)
                 self.returned_input = out is args[0]
             self.warm_keys = leaf_keys(out)
-        if warming is not None:  # (counted once it ran: a warmup call that raises is not one)
-            warming.keys, warming.layer_hint = leaf_keys(out), self.layer_hint
-            warming.calls += 1
+        # (counted once it ran: a warmup call that raises is not one)
+        warming.keys, warming.layer_hint = leaf_keys(out), self.layer_hint
+        warming.calls += 1
+        self.stats.warmup_calls += 1
+        if warming is not self.first:
             self.pending[warming.key] = warming
         return out
 
@@ -206,16 +212,10 @@ class Graphs:
         if warming is not None:
             self.pending.pop(warming.key, None)
 
-    def warming(self, args: tuple, kwargs: dict, mode: Any, warmup: int) -> bool:
-        """Whether this call of a signature no graph has is one of its ``warmup`` calls
-        (counted); ``False`` once it has had them (forgotten): capture it (``max_graphs=N``)."""
-        warming = self.signature(args, kwargs, mode)
-        if warming.calls < warmup:
-            warming.calls += 1
-            self.pending[warming.key] = warming
-            return True
-        self.warmed(warming)
-        return False
+    def restart_warmup(self) -> None:
+        """Every graph was dropped (stale): every signature warms up again from its first call."""
+        self.first = Warming(None, ())
+        self.pending.clear()
 
     # -- max_graphs=None: a graph per Python value and mode (_variants) --------------------
     def room(self, warming: Warming, on_limit: str) -> Room:

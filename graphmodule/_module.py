@@ -1,16 +1,17 @@
-"""``CudaGraphModule``: the wrapper's life cycle, a state machine over warmup, capture and replay.
+"""``CudaGraphModule``: the wrapper, its construction and the hot path of a call.
 
-::
+Its life cycle is a table (``_lifecycle``)::
 
     WARMUP ──(call warmup+1)──► capture ──ok──► CAPTURED (every call: match, copy, replay)
        ▲                           │                 │ new signature with room: warm up, capture
        │                           ├─fails, on_capture_failure="raise"──► FAILED (raises until reset())
-       └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER
-                                                           no CUDA ─────► EAGER
+       └──────── reset() ──────────┴─fails, on_capture_failure="eager"──► EAGER (a capture failed)
+                                   └─no graphs (no CUDA, backend="eager")─► EAGER (no CUDA | backend)
 
 A new signature has room under ``max_graphs=N`` graphs, or by default where it differs from
 the held graphs only in Python values and modes (``_variants``); by default each signature, the
-first included, is captured after ``warmup`` calls of its own.
+first included, is captured after ``warmup`` calls of its own (counted by the graphs,
+``_graphs.Warming``).
 
 In ``EAGER`` a signature's "graph" is an ``EagerEntry``, which runs the function on each
 call's own arguments: signatures, ``max_graphs``, eviction and staleness work as with graphs.
@@ -19,46 +20,39 @@ capture raises, so a wrapper without CUDA accepts and refuses what it would on a
 
 A call that the most recent graph replays (``_entry.decide``) takes the hot path in
 :meth:`__call__`; every other call (warmup, a capture, another graph, a stale graph, a
-mismatch to explain) takes :meth:`_slow`, which moves the state and asks the wrapper's
-graphs (``_graphs``) for the rest.
+mismatch to explain) takes :meth:`_slow`, which asks the wrapper's graphs (``_graphs``) and
+ends in a capture, its failure or a stale graph dropped (``_capturing``, which moves the
+phase). A TensorDict module's keyword calls reach the hot path through the call style chosen
+at construction (``_dispatch.TensorDictCalls``).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-import warnings
 from threading import get_ident
 from typing import Any, Callable
 
 import torch
 import torch._dynamo.decorators
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase, dispatch
 
-from ._diagnose import USER_ERROR
-from ._discover import Discovery
-from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
-from ._distributed import check_capture, explain_failure, note_capture
-from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
-from ._errors import CaptureError, GraphModuleError, GraphStateError, InputMismatchError, StaleGraphError
-from ._explain import mismatch_error
-from ._graphs import NOT_RUN, Graphs, Warming
-from ._mode import Mode, global_mode
-from ._optim import explain as explain_optimizers
-from ._options import Options, State
-from ._policy import OutputPolicy
-from ._paths import user_stacklevel
-from ._record import CallRead, mode_reader
 from ._backend import make_runner
+from ._capturing import Capturing
+from ._dispatch import TensorDictCalls, binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
+from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
+from ._errors import CaptureError, GraphModuleError, GraphStateError, InputMismatchError
+from ._explain import mismatch_error
+from ._graphs import Graphs
+from ._lifecycle import Event, Phase
+from ._mode import global_mode
+from ._options import Options
+from ._policy import OutputPolicy
 from ._scope import SCOPE
 from ._stats import GraphStats
 from ._surface import WrapperSurface
 from ._variants import Room
 
 __all__ = ["CudaGraphModule"]
-
-log = logging.getLogger("graphmodule")
 
 # dynamo's callback in this thread: a function while code that torch.compile runs calls the
 # wrapper, else None (or False: dynamo's run-only mode, which compiles nothing)
@@ -72,7 +66,7 @@ def _compiled_off(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
     return wrapper(*args, **kwargs)
 
 
-class CudaGraphModule(WrapperSurface):
+class CudaGraphModule(Capturing, WrapperSurface):
     """Run a function, ``nn.Module`` or TensorDict module as a CUDA graph.
 
     The first ``warmup`` calls run eagerly on a side stream. The next call captures a
@@ -186,11 +180,10 @@ class CudaGraphModule(WrapperSurface):
         self._given_device = device
         self._policy = OutputPolicy(outputs)
         self._owner = f"CudaGraphModule({module_name(module)})"
-        self._is_tensordict_module = self.in_keys is not None
-        self._arg_names = ("tensordict",) if self._is_tensordict_module else ()
-        self._sort_kwargs = binds_kwargs_by_name(module) and not self._is_tensordict_module
-        # a TensorDict module proper: its keyword calls and TensorDict calls share graphs (_dispatch)
-        self._both_styles = isinstance(module, TensorDictModuleBase)
+        # a TensorDict module's call styles (_dispatch), chosen once: None for a plain function's calls
+        self._td = None if self.in_keys is None else TensorDictCalls(module, self.in_keys, self.out_keys)
+        self._arg_names = ("tensordict",) if self._td is not None else ()
+        self._sort_kwargs = binds_kwargs_by_name(module) and self._td is None
         self._runner = make_runner(backend, device, capture_error_mode, pool, debug)
         self.device = self._runner.device
         self._stats = GraphStats()
@@ -198,17 +191,14 @@ class CudaGraphModule(WrapperSurface):
         # that calls its own wrapper while another wrapper captures it.
         self._lock = threading.RLock()
         self._thread: int | None = None  # the thread that called last
+        self._phase = Phase.WARMUP  # (moved by its table only, _lifecycle)
         self._reset_state()
 
     def _reset_state(self) -> None:
         self._graphs = Graphs(owner=self._owner, module=self.module, runner=self._runner, stats=self._stats,
                               policy=self._policy, in_keys=self.in_keys, arg_names=self._arg_names)
-        self._state = State.WARMUP
-        self._warmed = 0  # warmup calls of the first signature
         self._mode = None  # the ModeReader, from the first capture
-        self._failure: CaptureError | None = None
-        self._built: TensorDictBase | None = None  # the TensorDict dispatch built for this keyword call
-        self._eager_only = False  # a capture failed, on_capture_failure="eager": no more captures
+        self._failure: CaptureError | None = None  # the capture that moved it to FAILED
 
     # -- public surface (the rest, read-only, in _surface) ----------------------------
     def reset(self) -> None:
@@ -218,6 +208,7 @@ class CudaGraphModule(WrapperSurface):
             if self._failure is not None:  # its traceback holds the failed capture's objects
                 SCOPE.collect_before_next_capture()
             self._reset_state()
+            self._move(Event.RESET)
 
     # -- calls -------------------------------------------------------------------------
     # torch.compile around a wrapper (or around code that calls one) must not trace its
@@ -232,13 +223,12 @@ class CudaGraphModule(WrapperSurface):
         # (decide), then its replay (served by the graph's output sets); anything else goes to _slow.
         if _dynamo_callback():
             return _compiled_off(self, *args, **kwargs)
-        if self._is_tensordict_module and (kwargs or not args or (self.in_keys and type(args[0]) is not TensorDict
-                                                                  and not isinstance(args[0], TensorDictBase))):
+        td = self._td
+        if td is not None and (kwargs or not args or (td.keyed and type(args[0]) is not TensorDict
+                                                      and not isinstance(args[0], TensorDictBase))):
             # keyword calls, positional tensors and tensordict_out go through tensordict's
-            # dispatch; a TensorDict call is passed on unchanged by it, so it skips the wrapper
-            # (and a function reading a TensorDict, in_keys=[], is not given one built from a tensor)
-            given = args[0] if args and isinstance(args[0], TensorDictBase) else kwargs.get("tensordict")
-            return self._call_td(*args, _given=given, **kwargs)
+            # dispatch; a TensorDict call skips it (it would pass the TensorDict on unchanged)
+            return td.call(self, args, kwargs)
         with self._lock:
             if get_ident() != self._thread:
                 self._switch_thread()
@@ -270,29 +260,23 @@ class CudaGraphModule(WrapperSurface):
                     return entry.outputs.serve(entry, leaves, objs, (args, kwargs))  # (entry.replay's work)
             return self._slow(args, kwargs)
 
-    @dispatch(source="in_keys", dest="out_keys", auto_batch_size=False)
-    def _call_td(self, tensordict, *args: Any, tensordict_out=None, _given=None, **kwargs: Any) -> Any:
+    def _call_built(self, tensordict: Any, args: tuple, kwargs: dict, built: TensorDictBase | None) -> Any:
+        """A TensorDict module's call once dispatch read it (``_dispatch.TensorDictCalls``);
+        ``built``: the TensorDict dispatch built from keywords or tensors (batch size []), which
+        takes the batch size of a graph its entries fit (``_dispatch.fit_batch``)."""
+        td = self._td
         with self._lock:
-            # built by dispatch from keywords or tensors (batch size []): the caller never sees
-            # it, and it takes the batch size of a graph its entries fit (_dispatch.fit_batch)
-            built = tensordict if tensordict is not _given and isinstance(tensordict, TensorDictBase) else None
-            if built is not None and self._both_styles:
+            if built is not None and td.both_styles:
                 self._graphs.fit_built(built)
-            self._built = built
+            td.built = built
             try:
-                if tensordict_out is None and not kwargs and isinstance(tensordict, TensorDictBase):
+                if not kwargs and isinstance(tensordict, TensorDictBase):
                     return self(tensordict, *args)  # a TensorDict first, no keywords: the hot path
-                if tensordict_out is not None:
-                    kwargs["tensordict_out"] = tensordict_out
                 if get_ident() != self._thread:  # keywords beside the TensorDict, or no TensorDict
                     self._switch_thread()
                 return self._slow((tensordict, *args), kwargs)
             finally:
-                self._built = None
-
-    def _one_tensordict(self, args: tuple, kwargs: dict) -> bool:
-        """A call ``g(td)`` of a TensorDict module served in both call styles (see _graphs)."""
-        return self._both_styles and len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase)
+                td.built = None
 
     def _switch_thread(self) -> None:
         """Another thread calls: the runner orders its stream after the last caller's."""
@@ -303,7 +287,7 @@ class CudaGraphModule(WrapperSurface):
         if SCOPE.inside():  # called inside another wrapper's capture: record inline into it
             self._stats.inline_calls += 1
             return self.module(*args, **kwargs)
-        if self._state is State.FAILED:
+        if self._phase is Phase.FAILED:
             raise GraphStateError(
                 f"{self._owner} failed to capture its graph earlier and does not retry: "
                 f"{str(self._failure).splitlines()[0]}\nFix the cause, then call reset() to "
@@ -319,7 +303,7 @@ class CudaGraphModule(WrapperSurface):
         if found.verdict is STALE:
             return self._stale(found.entry, args, kwargs)
         if found.verdict is REFUSED:
-            if self._one_tensordict(args, kwargs):
+            if self._td is not None and self._td.one_tensordict(args, kwargs):
                 # other nested TensorDicts where the module writes (g(td) after g(obs=x), or the reverse)
                 out = found.entry.through_stand_in(args[0], self.in_keys, mode)
                 if out is not NOT_SERVED:
@@ -331,18 +315,15 @@ class CudaGraphModule(WrapperSurface):
             return self._variant(args, kwargs, mode)
         if graphs.entries:  # a signature no graph has
             if len(graphs.entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
-                if self._one_tensordict(args, kwargs):
+                if self._td is not None and self._td.one_tensordict(args, kwargs):
                     # g(td) where a graph has its entries under another batch size (captured from g(obs=x))
                     out = graphs.other_batch_size(args[0], mode)
                     if out is not NOT_SERVED:
                         return out
                 self._raise_mismatch(graphs.entries[0], args, kwargs, mode)
             return self._new_signature(args, kwargs)
-        if self._warmed < self.warmup:
-            out = graphs.warmup_call(args, kwargs, first=True)
-            self._warmed += 1
-            self._stats.warmup_calls += 1
-            return out
+        if graphs.first.calls < self.warmup:
+            return graphs.warmup_call(args, kwargs, graphs.first)
         return self._capture(args, kwargs)
 
     def _variant(self, args: tuple, kwargs: dict, mode: Any) -> Any:
@@ -359,15 +340,13 @@ class CudaGraphModule(WrapperSurface):
                     self._raise_mismatch(graphs.closest(args, kwargs, mode), args, kwargs, mode)
                 raise
             # before any capture it runs its warmup calls, as eagerly; its capture raises why
-            if self._warmed < self.warmup:
-                self._warmed += 1
-                self._stats.warmup_calls += 1
-                return graphs.warmup_call(args, kwargs, first=True)
+            if graphs.first.calls < self.warmup:
+                return graphs.warmup_call(args, kwargs, graphs.first)
             return self._capture(args, kwargs)
         room = graphs.room(warming, self.options.on_graph_limit)
         if room in (Room.OTHER_TENSORS, Room.FULL) and self.options.on_graph_limit == "raise":
             if room is Room.OTHER_TENSORS:
-                if self._one_tensordict(args, kwargs):  # see the same case in _slow
+                if self._td is not None and self._td.one_tensordict(args, kwargs):  # see the same case in _slow
                     out = graphs.other_batch_size(args[0], mode)
                     if out is not NOT_SERVED:
                         return out
@@ -375,9 +354,7 @@ class CudaGraphModule(WrapperSurface):
             self._stats.input_mismatches += 1
             raise graphs.limit_error(args, kwargs, mode, self._mode)
         if warming.calls < self.warmup:
-            out = graphs.warmup_call(args, kwargs, first=not graphs.entries, warming=warming)
-            self._stats.warmup_calls += 1
-            return out
+            return graphs.warmup_call(args, kwargs, warming)
         if self.options.on_graph_limit == "evict":
             graphs.make_room_for(warming)
         return self._capture(args, kwargs, warming)
@@ -385,106 +362,19 @@ class CudaGraphModule(WrapperSurface):
     def _new_signature(self, args: tuple, kwargs: dict) -> Any:
         """A call that matches no graph, with room for another (or eviction): warm up, capture."""
         graphs = self._graphs
-        if graphs.warming(args, kwargs, self._mode.read(), self.warmup):
-            self._stats.warmup_calls += 1
-            return graphs.warmup_call(args, kwargs, first=False)
+        warming = graphs.signature(args, kwargs, self._mode.read())
+        if warming.calls < self.warmup:
+            return graphs.warmup_call(args, kwargs, warming)
+        graphs.warmed(warming)  # (captured below: forgotten)
         graphs.make_room(self.options.graph_limit)
         return self._capture(args, kwargs)
-
-    def _capture(self, args: tuple, kwargs: dict, warmed: Warming | None = None) -> Any:
-        call = self._graphs.read(args, kwargs)
-        watch = Discovery(self.module)  # what it reads (the graph's Watch is taken by the capture)
-        reader = self._mode or mode_reader(watch)
-        mode = reader.read()
-        if self._eager_only:
-            return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
-        try:
-            check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
-            # (without CUDA: a simulated capture checks the call, then its signature runs eagerly)
-            entry = self._graphs.capture(call, mode, warmed, found=watch)
-        except CaptureError as err:
-            err = explain_failure(err, watch.modules)  # DDP's part in it, if any (_distributed)
-            err = explain_optimizers(err, watch, self.device)  # which optimizer, and why (_optim)
-            if err.cause != USER_ERROR:
-                return self._capture_failed(err, call, mode, reader, watch, warmed=warmed)
-            # The function raised while it was captured, with no sign of the capture being to
-            # blame. Run the call eagerly: it raises as it would have (with the same partial
-            # effects on the arguments), and the wrapper is unchanged.
-            out = self._runner.run_eager(lambda: self.module(*args, **kwargs))
-            # It did not raise eagerly: the capture was to blame after all.
-            return self._capture_failed(err, call, mode, reader, watch, ran=out, warmed=warmed)
-        self._graphs.warmed(warmed)
-        self._first_reader(reader)
-        if entry.handle is None:  # (no CUDA)
-            self._state = State.EAGER
-        else:
-            self._state = State.CAPTURED
-            note_capture(self)  # released before its process groups are destroyed (_distributed)
-        return entry.finish(call.leaves, call.objs, call.tree)
-
-    def _capture_failed(self, err: CaptureError, call: CallRead, mode: Any, reader: Any, watch: Discovery,
-                        ran: Any = NOT_RUN, warmed: Warming | None = None) -> Any:
-        """A failed capture; ``ran`` is the call's result if it already ran eagerly."""
-        self._stats.capture_failures += 1
-        log.warning("%s: capture failed (%s)", self._owner, err.cause)
-        if self.options.on_capture_failure == "raise":
-            self._failure = err
-            self._state = State.FAILED
-            if ran is NOT_RUN:
-                raise err
-            warnings.warn(f"{err}\nThe call ran eagerly instead; later calls raise until reset().",
-                          UserWarning, stacklevel=user_stacklevel())
-            return ran
-        warnings.warn(f"{err}\n{self._owner} runs eagerly from now on (on_capture_failure='eager').",
-                      UserWarning, stacklevel=user_stacklevel())
-        self._eager_only = True
-        return self._run_eagerly(call, reader, mode, watch, ran, warmed)
-
-    def _run_eagerly(self, call: CallRead, reader: Any, mode: Any, watch: Discovery, ran: Any = NOT_RUN,
-                     warmed: Warming | None = None) -> Any:
-        """State.EAGER: this call's signature runs eagerly from now on, checked as a graph's."""
-        _, out = self._graphs.eager(call, mode, watch, ran)
-        self._graphs.warmed(warmed)
-        self._first_reader(reader)
-        self._state = State.EAGER
-        return out
-
-    def _first_reader(self, reader: Any) -> None:
-        """The first capture's mode reader: modes include its modules' train/eval from now on."""
-        if self._mode is None and self.options.max_graphs is None:
-            self._graphs.know_modules(Mode(*reader.read()).modules, self.options.on_graph_limit == "evict")
-        self._mode = reader
-
-    def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
-        graphs, options = self._graphs, self.options
-        room = len(graphs.entries) < options.graph_limit or options.on_graph_limit == "evict"
-        if room and entry.watch.other_grads():
-            # .grad None where the graph found a tensor, or the reverse (gradient accumulation):
-            # another graph's call, as another signature's (_gradwatch.Required)
-            return self._new_signature(args, kwargs)
-        changes = entry.watch.changes()
-        # a gradient the graph reads bound over other memory: captured again over it
-        if (self.options.on_stale == "raise" and not entry.watch.grads_moved()) or not changes:
-            raise StaleGraphError(self._owner, changes or [("state", "changed")], entry.when)
-        self._stats.recaptures += 1
-        log.info("%s: dropping a stale graph (%s)", self._owner, "; ".join(f"{w}: {c}" for w, c in changes))
-        self._graphs.drop(entry)
-        if not self._graphs.entries:
-            self._warmed = 0
-            self._graphs.pending.clear()  # (what they warmed up may have changed too)
-            if not self._eager_only:
-                self._state = State.WARMUP
-            return self._slow(args, kwargs)
-        if self.options.max_graphs is None:
-            return self._variant(args, kwargs, self._mode.read())
-        return self._new_signature(args, kwargs)
 
     def _raise_mismatch(self, entry: Entry, args: tuple, kwargs: dict, mode: Any) -> None:
         """A call that ``entry`` (the most recently used graph) does not take, where no other may."""
         self._stats.input_mismatches += 1
         modes = self._mode.mismatches(entry.mode, mode) if mode != entry.mode else []
         # a TensorDict built from keywords has no batch size of the caller's to blame
-        built = self._built is not None and bool(args) and args[0] is self._built
+        built = self._td is not None and self._td.built_first(args)
         raise mismatch_error(self._owner, entry.spec, (args, kwargs), self._arg_names, modes,
-                             self._is_tensordict_module, entry.when, built)
+                             self._td is not None, entry.when, built)
 

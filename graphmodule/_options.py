@@ -1,36 +1,17 @@
-"""A wrapper's options (one frozen value) and its state (one enum value)."""
+"""A wrapper's options, one frozen value (its state is the life cycle's: ``_lifecycle``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any
 
 from ._policy import OutputPolicy
 
-__all__ = ["AUTO_GRAPHS", "Options", "State"]
+__all__ = ["AUTO_GRAPHS", "Options"]
 
 #: ``max_graphs=None`` (the default): the most graphs a wrapper keeps for calls that differ only in
 #: Python values and modes (as ``torch.compile`` records up to 8 variants of a function by default)
 AUTO_GRAPHS = 8
-
-
-class State(str, enum.Enum):
-    """Where a :class:`~graphmodule.CudaGraphModule` is in its life.
-
-    ``WARMUP → CAPTURED`` on the first call after warmup; ``EAGER`` without CUDA (or
-    after a failed capture with ``on_capture_failure="eager"``): every call runs
-    eagerly, still checked; ``FAILED`` after a failed capture: calls raise until
-    ``reset()``. Compares equal to its value (``state == "captured"``).
-    """
-
-    WARMUP = "warmup"
-    CAPTURED = "captured"
-    EAGER = "eager"
-    FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _CHOICES = {

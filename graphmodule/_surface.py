@@ -15,7 +15,7 @@ import torch
 
 from ._errors import GraphStateError
 from ._explain import describe_graphs
-from ._options import State
+from ._lifecycle import Phase, State
 from ._runners import Kind
 from ._stats import GraphStats
 
@@ -27,7 +27,7 @@ class WrapperSurface:
     @property
     def state(self) -> State:
         """The current :class:`State` (compares equal to ``"warmup"``, ``"captured"``...)."""
-        return self._state
+        return self._phase.state
 
     @property
     def stats(self) -> GraphStats:
@@ -70,17 +70,17 @@ class WrapperSurface:
                                   "structure to dump; use backend='cuda' on a GPU.")
         if not self._graphs.captured():
             why = ("its capture failed and it runs eagerly (on_capture_failure='eager'): see explain()"
-                   if self._eager_only else "call it until it has captured, then dump")
-            raise GraphStateError(f"{self._owner} holds no graph yet (state {self._state.value}): {why}.")
+                   if self._phase is Phase.EAGER_AFTER_FAILURE else "call it until it has captured, then dump")
+            raise GraphStateError(f"{self._owner} holds no graph yet (state {self._phase.state.value}): {why}.")
         if not self.options.debug:
             raise GraphStateError(f"{self._owner} was built without debug=True, so its graphs keep no "
                                   "structure to dump: build it with CudaGraphModule(..., debug=True).")
         return self._graphs.debug_dump(path)
 
     def explain(self) -> str:
-        """The state and, once captured, each graph's input signature and where its results
-        come from."""
-        lines = [f"{self._owner}: state {self._state.value}, {self.stats}"]
+        """The state (in ``eager``, why: ``state eager (no CUDA)``) and, once captured, each
+        graph's input signature and where its results come from."""
+        lines = [f"{self._owner}: state {self._phase.describe()}, {self.stats}"]
         lines += describe_graphs(self._graphs.entries, self._arg_names)
         if self._failure is not None:
             lines.append(f"capture failed: {self._failure}")
@@ -94,6 +94,11 @@ class WrapperSurface:
         if not self._runner.kind.captures:
             return 0
         return min(self._stats.warmup_calls + self._stats.captures, self.warmup)
+
+    @property
+    def _is_tensordict_module(self) -> bool:
+        """Whether it wraps a TensorDict module (``in_keys`` given or its own)."""
+        return self._td is not None
 
     @property
     def _warmup(self) -> int:

@@ -1,5 +1,6 @@
 """CudaGraphModule: construction, the state machine, the CPU fallback, introspection."""
 
+import array
 import itertools
 
 import pytest
@@ -146,6 +147,51 @@ class TestStateMachine:
             with pytest.raises(InputMismatchError) as info:
                 g(torch.zeros(1, 2))
         assert info.value.mismatches[0].describe() == "module.training: expected mode train mode, got eval mode"
+
+
+class _RaiseOnce:
+    """Makes the function's next run raise once armed (a count in an array written in place:
+    no Python state a capture would refuse)."""
+
+    def __init__(self):
+        self._left = array.array("q", [0])
+
+    def arm(self):
+        self._left[0] = 1
+
+    def __call__(self):
+        if self._left[0] > 0:
+            self._left[0] -= 1
+            raise KeyError("missing entry")
+
+
+class TestWarmupCount:
+    """Warmup calls are counted once they ran, per signature (the calls before the first graph
+    of ``max_graphs=N`` together): a warmup call that raises is not one."""
+
+    @pytest.mark.parametrize("max_graphs, second", [(2, (3, 1.0)), (None, (1, 2.0)), (2, None)],
+                             ids=["max_graphs=2", "max_graphs=None", "first signature"])
+    def test_a_warmup_call_that_raises_is_not_counted(self, make, max_graphs, second):
+        raise_once = _RaiseOnce()
+
+        def fn(x, k):
+            raise_once()
+            return x * k
+
+        g = make(fn, warmup=1, max_graphs=max_graphs)
+        if second is not None:  # a graph first, then a second signature's warmup call raises
+            for _ in range(2):
+                g(torch.ones(1), 1.0)
+        rows, k = second or (1, 1.0)
+        before = g.stats
+        raise_once.arm()
+        with pytest.raises(KeyError, match="missing entry"):
+            g(torch.ones(rows), k)
+        assert g.stats.warmup_calls == before.warmup_calls
+        torch.testing.assert_close(g(torch.ones(rows), k), torch.full((rows,), k))  # its warmup call
+        assert (g.stats.warmup_calls, g.stats.captures) == (before.warmup_calls + 1, before.captures)
+        torch.testing.assert_close(g(torch.ones(rows), k), torch.full((rows,), k))  # its capture
+        assert g.stats.captures == before.captures + 1
 
 
 class TestIntrospection:
