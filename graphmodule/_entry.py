@@ -20,7 +20,7 @@ from tensordict import TensorDictBase
 from ._dispatch import add_required, stand_in
 from ._scope import SCOPE
 from ._effects import TD, Effects
-from ._errors import Mismatch
+from ._errors import Mismatch, MismatchKind
 from ._inputs import (
     SLOT,
     SLOT_OBJ,
@@ -264,7 +264,7 @@ class Entry:
         for position, (heads, paths) in self.layouts.items():
             now = tuple(p for p in nested_paths(objs[position]) if p[0] in heads)
             if now != paths:
-                found.append(Mismatch(f"the nested TensorDicts of TensorDict argument {position}", "unread",
+                found.append(Mismatch(f"the nested TensorDicts of TensorDict argument {position}", MismatchKind.UNREAD,
                                       f"{list(paths)} (as at capture: the function writes nested TensorDicts)",
                                       str(list(now))))
         for position, key, batch_size in self.requires:  # (Requirement)
@@ -273,18 +273,18 @@ class Entry:
             is_td = _is_node(now)
             where = f"the TensorDict's entry {key[0] if len(key) == 1 else key!r}"
             if batch_size is None and is_td:
-                found.append(Mismatch(where, "unread", "no TensorDict (the function creates one there)",
+                found.append(Mismatch(where, MismatchKind.UNREAD, "no TensorDict (the function creates one there)",
                                       f"a TensorDict with keys {list(now.keys())} (eagerly the function's "
                                       "writes would merge into it)"))
             elif batch_size is not None and not is_td:
-                found.append(Mismatch(where, "unread", f"a TensorDict of batch size {list(batch_size)} (the "
+                found.append(Mismatch(where, MismatchKind.UNREAD, f"a TensorDict of batch size {list(batch_size)} (the "
                                       "function writes into it)", "none" if now is None else type(now).__name__))
             elif batch_size is not None and now.batch_size != batch_size:
-                found.append(Mismatch(where, "unread", f"a TensorDict of batch size {list(batch_size)} (the "
+                found.append(Mismatch(where, MismatchKind.UNREAD, f"a TensorDict of batch size {list(batch_size)} (the "
                                       "function writes into it)", f"batch size {list(now.batch_size)}"))
         for i, stride in zip(self.stride_checked, self.stride_facts):
             if leaves[i].stride() != stride:
-                found.append(Mismatch(name(i), "stride", f"{stride} exactly (the function returns a view of it)",
+                found.append(Mismatch(name(i), MismatchKind.STRIDE, f"{stride} exactly (the function returns a view of it)",
                                       str(leaves[i].stride())))
         if self.check_alias:
             found += self._alias_mismatches(leaves, name)
@@ -310,7 +310,7 @@ class Entry:
             if group != captured:
                 expected = "its own memory" if captured == i else f"the memory of {name(captured)}"
                 got = "its own memory" if group == i else f"the memory of {name(group)}"
-                found.append(Mismatch(name(i), "alias", expected, got))
+                found.append(Mismatch(name(i), MismatchKind.ALIAS, expected, got))
             elif group in inputs.span_reps:
                 # views of one tensor, copied as one block of bytes read with the captured
                 # offsets and strides (a tensor passed twice has one buffer: any layout copies in)
@@ -319,10 +319,10 @@ class Entry:
                     offset = t.data_ptr() - base.data_ptr()
                     captured_offset = inputs.leaves[i].data_ptr() - mine.data_ptr()
                     if offset != captured_offset or t.stride() != inputs.leaves[i].stride():
-                        found.append(Mismatch(name(i), "alias", f"a view at byte offset {captured_offset} "
+                        found.append(Mismatch(name(i), MismatchKind.ALIAS, f"a view at byte offset {captured_offset} "
                                               f"of {name(group)}", f"byte offset {offset}"))
                 elif t.stride() != inputs.leaves[i].stride():
-                    found.append(Mismatch(name(i), "stride", f"{inputs.leaves[i].stride()} exactly (it shares "
+                    found.append(Mismatch(name(i), MismatchKind.STRIDE, f"{inputs.leaves[i].stride()} exactly (it shares "
                                           "memory with other inputs, copied with them as at capture)",
                                           str(t.stride())))
         if not found:  # the same memory, but one object where there were two (or the reverse)
@@ -331,5 +331,5 @@ class Entry:
                 if was != is_:
                     expected = "its own object" if was == i else f"the same object as {name(was)}"
                     got = "its own object" if is_ == i else f"the same object as {name(is_)}"
-                    found.append(Mismatch(name(i), "alias", expected, got))
+                    found.append(Mismatch(name(i), MismatchKind.ALIAS, expected, got))
         return found

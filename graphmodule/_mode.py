@@ -39,7 +39,7 @@ else:
         _interaction_type = _probabilistic._interaction_type.get_mode
 
 from . import _dictwatch
-from ._errors import Mismatch, UnsupportedError
+from ._errors import Mismatch, MismatchKind, UnsupportedError
 
 __all__ = ["Mode", "ModeReader", "check_capture", "global_mode", "saves_inputs"]
 
@@ -143,22 +143,22 @@ class ModeReader:
         found = []
         if captured.grad_mode() != now.grad_mode():
             where = "torch.is_inference_mode_enabled()" if captured.inference != now.inference else "torch.is_grad_enabled()"
-            found.append(Mismatch(where, "grad_mode", captured.grad_mode(), now.grad_mode()))
+            found.append(Mismatch(where, MismatchKind.GRAD_MODE, captured.grad_mode(), now.grad_mode()))
         if captured.interaction != now.interaction:
-            found.append(Mismatch("interaction_type()", "interaction_type", str(captured.interaction),
+            found.append(Mismatch("interaction_type()", MismatchKind.INTERACTION_TYPE, str(captured.interaction),
                                   str(now.interaction)))
         if captured.autocast != now.autocast:
-            found.append(Mismatch("torch.autocast", "autocast", describe_autocast(captured.autocast),
+            found.append(Mismatch("torch.autocast", MismatchKind.AUTOCAST, describe_autocast(captured.autocast),
                                   describe_autocast(now.autocast)))
         if captured.dtype != now.dtype:
-            found.append(Mismatch("torch.get_default_dtype()", "default_dtype", str(captured.dtype), str(now.dtype)))
+            found.append(Mismatch("torch.get_default_dtype()", MismatchKind.DEFAULT_DTYPE, str(captured.dtype), str(now.dtype)))
         if captured.deterministic != now.deterministic:
-            found.append(Mismatch("torch.are_deterministic_algorithms_enabled()", "deterministic",
+            found.append(Mismatch("torch.are_deterministic_algorithms_enabled()", MismatchKind.DETERMINISTIC,
                                   str(captured.deterministic), str(now.deterministic)))
         modes = {True: "train mode", False: "eval mode"}
         for label, before, after in zip(self.labels, captured.modules, now.modules):
             if before != after:
-                found.append(Mismatch(f"{label}.training", "mode", modes[before], modes[after]))
+                found.append(Mismatch(f"{label}.training", MismatchKind.MODE, modes[before], modes[after]))
         return found
 
 

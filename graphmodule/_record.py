@@ -27,7 +27,7 @@ from torch.nn.utils import parametrize as _parametrize
 from ._discover import Discovery
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry
-from ._errors import InputMismatchError, Mismatch, UnsupportedError
+from ._errors import InputMismatchError, Mismatch, MismatchKind, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
 from ._hooks import HookEffects, detach_hook_weights
 from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
@@ -62,7 +62,7 @@ def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.devi
     leaves, objs = layout.leaves(tree)
     texts = leaf_texts(layout.leaf_paths(), arg_names)
     if device is not None:
-        wrong = [Mismatch(text, "device", str(device), str(leaf.device))
+        wrong = [Mismatch(text, MismatchKind.DEVICE, str(device), str(leaf.device))
                  for leaf, text in zip(leaves, texts) if isinstance(leaf, Tensor) and leaf.device != device]
         if wrong:
             raise InputMismatchError(owner, wrong, "asked to capture on " + str(device))
