@@ -28,11 +28,12 @@ from ._grad import tracks_grad
 from ._hooks import detach_hook_weights
 from ._index import CallIndex
 from ._inputs import StaticInputs
-from ._mode import Mode, ModeReader, check_capture, global_mode
+from ._mode import Mode, ModeReader, global_mode
 from ._optim import stepping_capturable
 from ._options import AUTO_GRAPHS
 from ._outputsets import OutputSets
 from ._record import CallRead, leaf_keys, read_call, record
+from ._refuse import before_capture
 from ._runners import Kind, Runner
 from ._spec import InputSpec
 from ._stale import Watch
@@ -321,11 +322,12 @@ class Graphs:
         """``call``'s signature served eagerly, without a graph, after its capture failed with
         ``on_capture_failure="eager"``: its entry, the most recently used, and the call's
         result (``ran``, where the call already ran, else run now). What a capture refuses
-        before running the function (``_mode.check_capture``; ``watch``: what it reads, taken
-        before the call) is refused here too."""
+        before running the function is refused here too, by the same function
+        (``_refuse.before_capture``, bar the rules of capturing a DDP step; ``watch``: what it
+        reads, taken before the call)."""
         args, kwargs = call.tree
         if ran is NOT_RUN:
-            check_capture(self.owner, mode, watch.tensors(), list(zip(call.texts, call.leaves)))
+            before_capture(self.owner, mode, watch, list(zip(call.texts, call.leaves)), graph=False)
             ran = self.runner.run_eager(lambda: self.module(*args, **kwargs))
         self.stats.eager_calls += 1
         # what it reads as the call left it (a function that builds state at its first call)

@@ -39,7 +39,7 @@ from tensordict.nn import TensorDictModuleBase, dispatch
 from ._diagnose import USER_ERROR
 from ._discover import Discovery
 from ._dispatch import binds_kwargs_by_name, module_name, resolve_keys, sorted_kwargs
-from ._distributed import check_capture, explain_failure, note_capture
+from ._distributed import explain_failure, note_capture
 from ._entry import NOT_SERVED, OTHER, REFUSED, REPLAY, STALE, Entry, decide
 from ._errors import CaptureError, GraphModuleError, GraphStateError, InputMismatchError, StaleGraphError
 from ._explain import mismatch_error
@@ -399,7 +399,7 @@ class CudaGraphModule(WrapperSurface):
         if self._eager_only:
             return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
         try:
-            check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
+            # refused first where the inputs, the modes or a DDP step forbid it (_refuse.before_capture);
             # (without CUDA: a simulated capture checks the call, then its signature runs eagerly)
             entry = self._graphs.capture(call, mode, warmed, found=watch)
         except CaptureError as err:
