@@ -325,8 +325,9 @@ class CudaGraphModule(WrapperSurface):
                 if out is not NOT_SERVED:
                     return out
             self._stats.input_mismatches += 1
-            raise InputMismatchError(self._owner, found.entry.extra_mismatches(found.leaves, found.entry.texts,
-                                                                               found.objs))
+            entry = found.entry  # (without CUDA, its words say no graph was captured: entry.when)
+            raise InputMismatchError(self._owner, entry.extra_mismatches(found.leaves, entry.texts, found.objs),
+                                     entry.when)
         if self.options.max_graphs is None:
             return self._variant(args, kwargs, mode)
         if graphs.entries:  # a signature no graph has
