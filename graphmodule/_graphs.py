@@ -322,9 +322,8 @@ class Graphs:
         """``call``'s signature served eagerly, without a graph, after its capture failed with
         ``on_capture_failure="eager"``: its entry, the most recently used, and the call's
         result (``ran``, where the call already ran, else run now). What a capture refuses
-        before running the function is refused here too, by the same function
-        (``_refuse.before_capture``, bar the rules of capturing a DDP step; ``watch``: what it
-        reads, taken before the call)."""
+        before running the function (``_refuse.before_capture``, bar DDP's rules; ``watch``:
+        what it reads, taken before the call) is refused here too."""
         args, kwargs = call.tree
         if ran is NOT_RUN:
             before_capture(self.owner, mode, watch, list(zip(call.texts, call.leaves)), graph=False)

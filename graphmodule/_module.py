@@ -325,9 +325,8 @@ class CudaGraphModule(WrapperSurface):
                 if out is not NOT_SERVED:
                     return out
             self._stats.input_mismatches += 1
-            entry = found.entry  # (without CUDA, its words say no graph was captured: entry.when)
-            raise InputMismatchError(self._owner, entry.extra_mismatches(found.leaves, entry.texts, found.objs),
-                                     entry.when)
+            raise InputMismatchError(self._owner, found.entry.extra_mismatches(found.leaves, found.entry.texts,
+                                                                               found.objs), found.entry.when)
         if self.options.max_graphs is None:
             return self._variant(args, kwargs, mode)
         if graphs.entries:  # a signature no graph has
@@ -400,7 +399,7 @@ class CudaGraphModule(WrapperSurface):
         if self._eager_only:
             return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
         try:
-            # refused first where the inputs, the modes or a DDP step forbid it (_refuse.before_capture);
+            # (refused before it runs where the inputs, modes or a DDP step forbid it: _refuse.before_capture)
             # (without CUDA: a simulated capture checks the call, then its signature runs eagerly)
             entry = self._graphs.capture(call, mode, warmed, found=watch)
         except CaptureError as err:
