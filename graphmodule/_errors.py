@@ -55,7 +55,7 @@ class MismatchKind(str, enum.Enum):
     """What differs between a call's input and the captured one, with what to do about it
     (:attr:`advice`, printed once per kind after the list as ``To fix: ...``) and the words
     naming it in ``expected <label> X, got Y`` (:attr:`label`). A ``str``: each kind equals
-    its name (``MismatchKind.DTYPE == "dtype"``)."""
+    its name in lower case (``MismatchKind.DTYPE == "dtype"``)."""
 
     label: str
     advice: str
