@@ -29,8 +29,12 @@ Modules, one concept each:
   where a GPU's graph would be, with the same messages.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
 - ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
-- ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.
+- ``_spec``: ``InputSpec``, the captured signature (``TensorFacts``, constants, modes) and
+  the per-call match: hot.
 - ``_explain``: what differs when a call does not match, and ``explain()``'s text: cold.
+- ``_refuse``: the input checks that refuse a call beyond its signature: before a capture
+  (one function for the graph and the eager paths) and at each call of a graph that depends
+  on more (aliasing, strides, nested TensorDicts, inference and expanded inputs).
 - ``_inputs``: static input buffers, aliased as the caller's inputs were; where a call's
   objects sit (``Ref``).
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
@@ -79,7 +83,8 @@ Modules, one concept each:
 - ``_dispatch``: TensorDict keys, calling conventions (``TensorDictCalls``: a TensorDict
   module's call styles, chosen at construction), keyword order.
 - ``_paths``: names of places in a call, for messages.
-- ``_errors``, ``_stats``: what users catch and read.
+- ``_errors``, ``_stats``: what users catch and read (``MismatchKind``: each kind of
+  mismatch with its advice).
 """
 
 from ._errors import (
@@ -88,6 +93,7 @@ from ._errors import (
     GraphStateError,
     InputMismatchError,
     Mismatch,
+    MismatchKind,
     MissingKeyError,
     RequiresGradError,
     StaleGraphError,
@@ -109,6 +115,7 @@ __all__ = [
     "GraphStats",
     "InputMismatchError",
     "Mismatch",
+    "MismatchKind",
     "MissingKeyError",
     "Options",
     "RequiresGradError",

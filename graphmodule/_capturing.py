@@ -23,7 +23,7 @@ from typing import Any
 
 from ._diagnose import USER_ERROR
 from ._discover import Discovery
-from ._distributed import check_capture, explain_failure, note_capture
+from ._distributed import explain_failure, note_capture
 from ._entry import Entry
 from ._errors import CaptureError, StaleGraphError
 from ._graphs import NOT_RUN, Warming
@@ -59,7 +59,7 @@ class Capturing:
         if self._phase is Phase.EAGER_AFTER_FAILURE:
             return self._run_eagerly(call, reader, mode, watch, warmed=warmed)
         try:
-            check_capture(self._owner, watch.modules)  # a DDP step that cannot be captured (_distributed)
+            # (refused before it runs where the inputs, modes or a DDP step forbid it: _refuse.before_capture)
             # (without CUDA: a simulated capture checks the call, then its signature runs eagerly)
             entry = self._graphs.capture(call, mode, warmed, found=watch)
         except CaptureError as err:

@@ -18,7 +18,7 @@ initialized is remembered (weakly) with the groups alive then, and its graphs ar
 
 A released wrapper warms up and captures again at its next call, as after ``reset()``.
 
-**Capture rules.** :func:`check_capture` runs before a capture, on the modules the function
+**Capture rules.** :func:`refuse_ddp` runs before a capture (``_refuse.before_capture``), on the modules the function
 reads, and refuses a ``DistributedDataParallel`` step that cannot be captured, naming the
 cause and the fix; :func:`explain_failure` names DDP's part in a failed capture that the
 generic causes of ``_diagnose`` describe otherwise (the causes' names are :data:`CAUSES`' keys).
@@ -38,7 +38,7 @@ from torch import nn
 
 from ._errors import CaptureError
 
-__all__ = ["CAUSES", "DDP_WARMUP", "check_capture", "explain_failure", "live_groups", "note_capture", "release"]
+__all__ = ["CAUSES", "DDP_WARMUP", "explain_failure", "live_groups", "note_capture", "refuse_ddp", "release"]
 
 log = logging.getLogger("graphmodule")
 
@@ -185,7 +185,7 @@ def _ddp_problem(ddp: nn.Module) -> tuple[str, str] | None:
     return None
 
 
-def check_capture(owner: str, modules: Iterable[tuple[nn.Module, str]]) -> None:
+def refuse_ddp(owner: str, modules: Iterable[tuple[nn.Module, str]]) -> None:
     """Raise the :class:`CaptureError` of the first module in ``modules`` (``(module, where)``
     pairs, as ``Watch.modules``) that a CUDA graph cannot capture."""
     ddp_type = torch.nn.parallel.DistributedDataParallel

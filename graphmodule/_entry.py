@@ -22,20 +22,11 @@ from ._scope import SCOPE
 from ._effects import TD, Effects
 from ._errors import Mismatch
 from ._graphentry import GraphEntry, Outputs
-from ._inputs import (
-    SLOT,
-    SLOT_OBJ,
-    StaticInputs,
-    alias_groups,
-    identity_pattern,
-    inference_inputs,
-    nested_paths,
-    overlapping_inputs,
-    resolve,
-)
+from ._inputs import SLOT, SLOT_OBJ, StaticInputs, resolve
 from ._mode import saves_inputs
 from ._outputs import Plan
 from ._recipes import GRAPH, PASSED, build, passed_recipes
+from ._refuse import call_mismatches
 from ._run import laid_out
 from ._spec import InputSpec
 from ._stale import Watch
@@ -257,77 +248,5 @@ class Entry(GraphEntry):
 
     # -- cold ----------------------------------------------------------------------------
     def extra_mismatches(self, leaves: Any, paths: list[str] | None, objs: dict) -> list[Mismatch]:
-        found = []
-        name = (lambda i: paths[i]) if paths is not None else (lambda i: f"input leaf {i}")
-        for position, (heads, paths) in self.layouts.items():
-            now = tuple(p for p in nested_paths(objs[position]) if p[0] in heads)
-            if now != paths:
-                found.append(Mismatch(f"the nested TensorDicts of TensorDict argument {position}", "unread",
-                                      f"{list(paths)} (as at capture: the function writes nested TensorDicts)",
-                                      str(list(now))))
-        for position, key, batch_size in self.requires:  # (Requirement)
-            td = objs[position]
-            now = td.get(key, None) if isinstance(td, TensorDictBase) else None
-            is_td = _is_node(now)
-            where = f"the TensorDict's entry {key[0] if len(key) == 1 else key!r}"
-            if batch_size is None and is_td:
-                found.append(Mismatch(where, "unread", "no TensorDict (the function creates one there)",
-                                      f"a TensorDict with keys {list(now.keys())} (eagerly the function's "
-                                      "writes would merge into it)"))
-            elif batch_size is not None and not is_td:
-                found.append(Mismatch(where, "unread", f"a TensorDict of batch size {list(batch_size)} (the "
-                                      "function writes into it)", "none" if now is None else type(now).__name__))
-            elif batch_size is not None and now.batch_size != batch_size:
-                found.append(Mismatch(where, "unread", f"a TensorDict of batch size {list(batch_size)} (the "
-                                      "function writes into it)", f"batch size {list(now.batch_size)}"))
-        for i, stride in zip(self.stride_checked, self.stride_facts):
-            if leaves[i].stride() != stride:
-                found.append(Mismatch(name(i), "stride", f"{stride} exactly (the function returns a view of it)",
-                                      str(leaves[i].stride())))
-        if self.check_alias:
-            found += self._alias_mismatches(leaves, name)
-        if self.effects.written:
-            found += overlapping_inputs(leaves, self.effects.written, name)
-        if self.effects.written and not torch.is_inference_mode_enabled():
-            found += inference_inputs(leaves, self.effects.written, name, "the function writes into it")
-        if self.saves_inputs:
-            found += inference_inputs(leaves, self.inputs.tensor_index, name, "autograd may save it for backward")
-        if self.layer is not None:
-            found += self.layer.mismatches()
-        return found
-
-    def _alias_mismatches(self, leaves: Any, name) -> list[Mismatch]:
-        inputs = self.inputs
-        found = []
-        group_of: dict[int, int] = {}
-        for members in alias_groups([(i, leaves[i]) for i in inputs.tensor_index]):
-            for i, _ in members:
-                group_of[i] = members[0][0]
-        for i in inputs.tensor_index:
-            t, group, captured = leaves[i], group_of[i], inputs.pattern[i]
-            if group != captured:
-                expected = "its own memory" if captured == i else f"the memory of {name(captured)}"
-                got = "its own memory" if group == i else f"the memory of {name(group)}"
-                found.append(Mismatch(name(i), "alias", expected, got))
-            elif group in inputs.span_reps:
-                # views of one tensor, copied as one block of bytes read with the captured
-                # offsets and strides (a tensor passed twice has one buffer: any layout copies in)
-                if group != i:
-                    base, mine = leaves[group], inputs.leaves[group]
-                    offset = t.data_ptr() - base.data_ptr()
-                    captured_offset = inputs.leaves[i].data_ptr() - mine.data_ptr()
-                    if offset != captured_offset or t.stride() != inputs.leaves[i].stride():
-                        found.append(Mismatch(name(i), "alias", f"a view at byte offset {captured_offset} "
-                                              f"of {name(group)}", f"byte offset {offset}"))
-                elif t.stride() != inputs.leaves[i].stride():
-                    found.append(Mismatch(name(i), "stride", f"{inputs.leaves[i].stride()} exactly (it shares "
-                                          "memory with other inputs, copied with them as at capture)",
-                                          str(t.stride())))
-        if not found:  # the same memory, but one object where there were two (or the reverse)
-            now = identity_pattern(leaves, inputs.tensor_index)
-            for i, was, is_ in zip(inputs.tensor_index, inputs.identity, now):
-                if was != is_:
-                    expected = "its own object" if was == i else f"the same object as {name(was)}"
-                    got = "its own object" if is_ == i else f"the same object as {name(is_)}"
-                    found.append(Mismatch(name(i), "alias", expected, got))
-        return found
+        """What refuses this call beyond its signature (``_refuse.call_mismatches``)."""
+        return call_mismatches(self, leaves, paths, objs)

@@ -21,6 +21,7 @@ catches the error.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "GraphStateError",
     "InputMismatchError",
     "Mismatch",
+    "MismatchKind",
     "MissingKeyError",
     "RequiresGradError",
     "StaleGraphError",
@@ -45,111 +47,132 @@ class GraphModuleError(Exception):
     """Base class of every error graphmodule raises."""
 
 
+_SAME_INPUTS = ("pass the same containers, keys and number of arguments as at capture "
+                "(keyword arguments are matched by name).")
+
+
+class MismatchKind(str, enum.Enum):
+    """What differs between a call's input and the captured one, with what to do about it
+    (:attr:`advice`, printed once per kind after the list as ``To fix: ...``) and the words
+    naming it in ``expected <label> X, got Y`` (:attr:`label`). A ``str``: each kind equals
+    its name in lower case (``MismatchKind.DTYPE == "dtype"``)."""
+
+    label: str
+    advice: str
+
+    def __new__(cls, value: str, advice: str, label: str | None = None) -> MismatchKind:
+        kind = str.__new__(cls, value)
+        kind._value_, kind.advice = value, advice
+        kind.label = value if label is None else label
+        return kind
+
+    __str__ = str.__str__  # (the name, as in messages)
+
+    STRUCTURE = ("structure", _SAME_INPUTS)
+    ORDER = ("order", "the graph replays the order it captured (a function iterating a dict or TensorDict sees "
+             "it): pass the entries in the captured order.", "key order")
+    MISSING = ("missing", _SAME_INPUTS)
+    EXTRA = ("extra", _SAME_INPUTS)
+    TYPE = ("type", "pass the same kinds of values as at capture (a tensor where a tensor was captured).")
+    SHAPE = ("shape", "CUDA graphs replay fixed shapes: pass max_graphs=N to keep a graph per shape (up to N "
+             "shapes), or pad the input to the captured shape (bucket inputs of varying sizes into a few padded "
+             "shapes).")
+    DTYPE = ("dtype", "copying into the graph's buffer would cast silently: convert the input with .to(dtype) "
+             "before the call.")
+    DEVICE = ("device", "the graph only reads its own GPU buffers: move the input with .to(device) before the call.")
+    LAYOUT = ("layout", "CUDA graphs copy strided tensors only: pass a dense tensor (.to_dense()), or its indices "
+              "and values as separate fixed-size tensors.")
+    REQUIRES_GRAD = (
+        "requires_grad", "requires_grad of every input, and of the parameters a graph backpropagates to, is part "
+        "of the capture: it decides which gradients the backward graph computes. Pass inputs as at capture "
+        "(x.detach() where it did not require grad), keep the parameters' requires_grad as at capture (or reset() "
+        "after changing it), or pass max_graphs=2 to keep one graph per pattern of inputs.")
+    VALUE = ("value", "non-tensor arguments are baked into the graph at capture: pass a value that changes as a "
+             "tensor, or use one CudaGraphModule per value.")
+    BATCH_SIZE = ("batch_size", "CUDA graphs replay fixed shapes: pass max_graphs=N to keep a graph per batch size "
+                  "(up to N batch sizes), or pass a TensorDict of the captured batch size (pad it, or bucket varying "
+                  "batch sizes into a few padded ones).")
+    ALIAS = ("alias", "the graph was captured with other aliasing between its inputs (the same tensor passed "
+             "twice, or views of one tensor) and writes into them: pass separate tensors as at capture "
+             "(x.clone()), or the same aliasing.")
+    STRIDE = ("stride", "a replay rebuilds a view of an input the function returns on your tensor with the "
+              "captured strides, and copies inputs sharing memory as one block laid out as at capture: pass "
+              "tensors with the captured strides (.contiguous() where they were contiguous).")
+    OVERLAP = ("overlap", "eagerly, torch refuses to write in place into a tensor whose elements share memory "
+               "(x.expand(...)), and so does the graph: pass a tensor of its own (x.clone()).", "")
+    INFERENCE = (
+        "inference", "torch lets only inference mode write an inference tensor (one made under "
+        "torch.inference_mode()), and autograd refuses to save one for backward: pass a normal tensor "
+        "(x.clone() outside inference mode, or make it under torch.no_grad()), or call the wrapper under "
+        "torch.inference_mode() (with max_graphs=2, a graph of its own).", "")
+    UNREAD = (
+        "unread", "the module writes keys below this entry, which it does not read: whether the TensorDict you "
+        "pass holds a nested TensorDict there decides what eager code would do (merge into it, or create it), so "
+        "it must be as at capture. Pass TensorDicts of one layout, or add a key under that entry to the module's "
+        "in_keys.", "")
+    MODE = ("mode", "the graph replays the branch it captured: switch back, pass max_graphs=2 to keep one graph "
+            "per mode, or use one CudaGraphModule per mode.")
+    GRAD_MODE = (
+        "grad_mode", "the graph was captured under another grad mode, which decides whether its outputs track "
+        "gradients (and under torch.inference_mode(), whether they are inference tensors): call it the same way "
+        "(e.g. always under torch.no_grad()), or pass max_graphs=2 to keep one graph per mode.")
+    INTERACTION_TYPE = ("interaction_type", "the graph replays the sampling branch it captured: call it under the "
+                        "captured interaction/exploration type, or pass max_graphs=2 to keep one graph per type.")
+    AUTOCAST = (
+        "autocast", "autocast decides each op's dtype when the graph is captured, so the graph replays the dtypes "
+        "it captured: call it under the captured autocast state (the same torch.autocast(...) around every call), "
+        "or pass max_graphs=2 to keep one graph per state.")
+    DEFAULT_DTYPE = (
+        "default_dtype", "the graph replays the dtypes it captured for tensors the function makes from Python "
+        "numbers (torch.zeros(3), torch.arange(3.)): call it under the captured torch.set_default_dtype(...), or "
+        "pass max_graphs=2 to keep one graph per default dtype.")
+    DETERMINISTIC = (
+        "deterministic", "the graph replays the kernels it captured, picked under the captured "
+        "torch.use_deterministic_algorithms(...): call it under that setting, or pass max_graphs=2 to keep one "
+        "graph per setting.")
+    HOOK = (
+        "hook", "a replay runs no Python, so a module backward hook inside the graph would not run: remove it, "
+        "register it on a module outside the wrapped block, or hook the parameters' gradients (p.register_hook), "
+        "which run eagerly at every backward.")
+
+
 @dataclass(frozen=True)
 class Mismatch:
     """One difference between a call's inputs and the captured ones.
 
-    ``kind`` is one of ``"structure"``, ``"order"``, ``"missing"``, ``"extra"``,
-    ``"type"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"layout"``,
-    ``"requires_grad"``, ``"value"``, ``"batch_size"``, ``"alias"``, ``"stride"``,
-    ``"mode"``, ``"grad_mode"``, ``"interaction_type"``, ``"autocast"``,
-    ``"default_dtype"``, ``"deterministic"``, ``"hook"`` (a module backward hook
-    on a graph captured as a layer), ``"inference"`` (an inference tensor where the replay
-    writes into the input or saves it for backward), ``"overlap"`` (an expanded tensor where the
-    replay writes into the input) or ``"unread"`` (a nested TensorDict the
-    module does not read but writes into, or would merge into).
+    ``kind``: a :class:`MismatchKind` (given as one or as its name: ``"dtype"``), which also
+    says what to do about it. ``"hook"`` is a module backward hook on a graph captured as a
+    layer, ``"inference"`` an inference tensor where the replay writes into the input or saves
+    it for backward, ``"overlap"`` an expanded tensor where the replay writes into the input,
+    ``"unread"`` a nested TensorDict the module does not read but writes into, or would merge
+    into.
     """
 
     path: str
-    kind: str
+    kind: MismatchKind
     expected: str
     got: str
     #: the same fact in ``tensordict.nn.CudaGraphModule``'s words, for code matching on them
     compat: str | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        if type(self.kind) is not MismatchKind:  # (a name: its kind; an unknown one raises)
+            object.__setattr__(self, "kind", MismatchKind(self.kind))
+
     def describe(self, captured: bool = True) -> str:
         """One line; ``captured``: the inputs compared with are a capture's (else, without a
         graph, those of the first call after warmup)."""
-        if self.kind == "missing":
+        kind = self.kind
+        if kind is MismatchKind.MISSING:
             return f"{self.path}: missing (expected {self.expected})"
-        if self.kind == "extra":
+        if kind is MismatchKind.EXTRA:
             inputs = "the captured inputs" if captured else "those inputs"
             return f"{self.path}: not in {inputs} (got {self.got})"
-        if self.kind == "alias":
+        if kind is MismatchKind.ALIAS:
             at = "as at capture" if captured else "as then"
             return f"{self.path}: expected {self.expected} ({at}), got {self.got}"
-        if self.kind in ("unread", "inference", "overlap"):
-            return f"{self.path}: expected {self.expected}, got {self.got}"
-        if self.kind == "order":
-            return f"{self.path}: expected key order {self.expected}, got {self.got}"
-        return f"{self.path}: expected {self.kind} {self.expected}, got {self.got}"
-
-
-# What to do, per kind of mismatch: printed once per kind, after the list.
-_ADVICE = {
-    "unread": "the module writes keys below this entry, which it does not read: whether the "
-    "TensorDict you pass holds a nested TensorDict there decides what eager code would do "
-    "(merge into it, or create it), so it must be as at capture. Pass TensorDicts of one "
-    "layout, or add a key under that entry to the module's in_keys.",
-    "shape": "CUDA graphs replay fixed shapes: pad or slice the input to the captured shape, "
-    "or use one CudaGraphModule per shape.",
-    "batch_size": "CUDA graphs replay fixed shapes: pass a TensorDict of the captured batch size, "
-    "or use one CudaGraphModule per batch size.",
-    "dtype": "copying into the graph's buffer would cast silently: convert the input with "
-    ".to(dtype) before the call.",
-    "device": "the graph only reads its own GPU buffers: move the input with .to(device) "
-    "before the call.",
-    "value": "non-tensor arguments are baked into the graph at capture: pass a value that "
-    "changes as a tensor, or use one CudaGraphModule per value.",
-    "structure": "pass the same containers, keys and number of arguments as at capture "
-    "(keyword arguments are matched by name).",
-    "missing": "pass the same containers, keys and number of arguments as at capture "
-    "(keyword arguments are matched by name).",
-    "extra": "pass the same containers, keys and number of arguments as at capture "
-    "(keyword arguments are matched by name).",
-    "type": "pass the same kinds of values as at capture (a tensor where a tensor was captured).",
-    "mode": "the graph replays the branch it captured: switch back, pass max_graphs=2 to keep "
-    "one graph per mode, or use one CudaGraphModule per mode.",
-    "grad_mode": "the graph was captured under another grad mode, which decides whether its "
-    "outputs track gradients (and under torch.inference_mode(), whether they are inference tensors): "
-    "call it the same way (e.g. always under torch.no_grad()), or pass max_graphs=2 to keep one graph "
-    "per mode.",
-    "inference": "torch lets only inference mode write an inference tensor (one made under "
-    "torch.inference_mode()), and autograd refuses to save one for backward: pass a normal tensor "
-    "(x.clone() outside inference mode, or make it under torch.no_grad()), or call the wrapper under "
-    "torch.inference_mode() (with max_graphs=2, a graph of its own).",
-    "autocast": "autocast decides each op's dtype when the graph is captured, so the graph replays the "
-    "dtypes it captured: call it under the captured autocast state (the same torch.autocast(...) around "
-    "every call), or pass max_graphs=2 to keep one graph per state.",
-    "default_dtype": "the graph replays the dtypes it captured for tensors the function makes from Python "
-    "numbers (torch.zeros(3), torch.arange(3.)): call it under the captured torch.set_default_dtype(...), or "
-    "pass max_graphs=2 to keep one graph per default dtype.",
-    "deterministic": "the graph replays the kernels it captured, picked under the captured "
-    "torch.use_deterministic_algorithms(...): call it under that setting, or pass max_graphs=2 to keep one "
-    "graph per setting.",
-    "interaction_type": "the graph replays the sampling branch it captured: call it under the "
-    "captured interaction/exploration type, or pass max_graphs=2 to keep one graph per type.",
-    "order": "the graph replays the order it captured (a function iterating a dict or "
-    "TensorDict sees it): pass the entries in the captured order.",
-    "layout": "CUDA graphs copy strided tensors only: pass a dense tensor (.to_dense()), or its "
-    "indices and values as separate fixed-size tensors.",
-    "alias": "the graph was captured with other aliasing between its inputs (the same tensor "
-    "passed twice, or views of one tensor) and writes into them: pass separate tensors as at "
-    "capture (x.clone()), or the same aliasing.",
-    "stride": "a replay rebuilds a view of an input the function returns on your tensor with the "
-    "captured strides, and copies inputs sharing memory as one block laid out as at capture: pass "
-    "tensors with the captured strides (.contiguous() where they were contiguous).",
-    "overlap": "eagerly, torch refuses to write in place into a tensor whose elements share memory "
-    "(x.expand(...)), and so does the graph: pass a tensor of its own (x.clone()).",
-    "requires_grad": "requires_grad of every input, and of the parameters a graph backpropagates "
-    "to, is part of the capture: it decides which gradients the backward graph computes. Pass "
-    "inputs as at capture (x.detach() where it did not require grad), keep the parameters' "
-    "requires_grad as at capture (or reset() after changing it), or pass max_graphs=2 to keep one "
-    "graph per pattern of inputs.",
-    "hook": "a replay runs no Python, so a module backward hook inside the graph would not run: "
-    "remove it, register it on a module outside the wrapped block, or hook the parameters' "
-    "gradients (p.register_hook), which run eagerly at every backward.",
-}
+        label = f"{kind.label} " if kind.label else ""
+        return f"{self.path}: expected {label}{self.expected}, got {self.got}"
 
 
 class InputMismatchError(GraphModuleError, ValueError):
@@ -177,8 +200,8 @@ class InputMismatchError(GraphModuleError, ValueError):
         lines += [f"  {m.describe(when != WITHOUT_GRAPH)}" for m in self.mismatches]
         seen: list[str] = [advice] if advice else []  # advice given: it replaces the per-kind one
         for m in () if advice else self.mismatches:
-            text = _ADVICE.get(m.kind)
-            if text and text not in seen:
+            text = m.kind.advice
+            if text not in seen:
                 seen.append(text)
         lines += [f"To fix: {advice}" for advice in seen]
         compat: list[str] = []

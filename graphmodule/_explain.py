@@ -14,18 +14,17 @@ from typing import Any, Sequence
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from ._errors import WITHOUT_GRAPH, InputMismatchError, Mismatch, MissingKeyError, RequiresGradError
+from ._errors import WITHOUT_GRAPH, InputMismatchError, Mismatch, MismatchKind, MissingKeyError, RequiresGradError
 from ._paths import describe, format_key, format_path, leaf_texts
-from ._spec import InputSpec, captured, same_constant
+from ._spec import InputSpec, TensorFacts, captured, same_constant
 from ._tree import MISSING, Node, Slot, _is_non_tensor, child_td, flatten_with_path, is_slot_value
 
 __all__ = ["describe_facts", "describe_graphs", "describe_spec", "explain_mismatches", "mismatch_error"]
 
 
-def describe_facts(f: tuple) -> str:
-    shape, dtype, device, _, layout = f
-    extra = "" if layout is torch.strided else f", {layout}"
-    return f"a tensor of shape {tuple(shape)}, {dtype} on {device}{extra}"
+def describe_facts(f: TensorFacts) -> str:
+    extra = "" if f.layout is torch.strided else f", {f.layout}"
+    return f"a tensor of shape {tuple(f.shape)}, {f.dtype} on {f.device}{extra}"
 
 
 def describe_spec(spec: InputSpec, arg_names: Sequence[str] = ()) -> str:
@@ -77,7 +76,7 @@ def _order_mismatches(captured: list[tuple], got: list[tuple], arg_names) -> lis
     for parent, names in want.items():
         other = have.get(parent)
         if other is not None and set(other) == set(names) and other != names:
-            found.append(Mismatch(format_path(parent, arg_names), "order", repr(names), repr(other)))
+            found.append(Mismatch(format_path(parent, arg_names), MismatchKind.ORDER, repr(names), repr(other)))
     return found
 
 
@@ -90,14 +89,15 @@ def _structure(spec: InputSpec, tree: Any, arg_names) -> tuple[dict, list[Mismat
     found: list[Mismatch] = []
     for path, position in captured.items():
         if path not in by_path:
-            found.append(Mismatch(format_path(path, arg_names), "missing", describe(layout.outer[position]), "nothing"))
+            found.append(Mismatch(format_path(path, arg_names), MismatchKind.MISSING, describe(layout.outer[position]),
+                                  "nothing"))
     for path, value in by_path.items():
         if path not in captured:
-            found.append(Mismatch(format_path(path, arg_names), "extra", "", describe(value)))
+            found.append(Mismatch(format_path(path, arg_names), MismatchKind.EXTRA, "", describe(value)))
     if not found:
         found += _order_mismatches(layout.paths, [tuple(p) for p in paths], arg_names)
     if not found and treespec != layout.treespec:
-        found.append(Mismatch("inputs", "structure", _spec_text(layout.treespec), _spec_text(treespec)))
+        found.append(Mismatch("inputs", MismatchKind.STRUCTURE, _spec_text(layout.treespec), _spec_text(treespec)))
     return by_path, found
 
 
@@ -112,18 +112,20 @@ def _node_values(node: Node, td: TensorDictBase, text: str, prefix: tuple, found
     """Append the values at ``node``'s leaves (``MISSING`` where absent) and note differences."""
     here = f"{text}[{format_key(prefix)}]" if prefix else text
     if prefix and td.batch_size != node.batch_size:
-        found.append(Mismatch(here, "batch_size", str(tuple(node.batch_size)), str(tuple(td.batch_size))))
+        found.append(Mismatch(here, MismatchKind.BATCH_SIZE, str(tuple(node.batch_size)), str(tuple(td.batch_size))))
     names = list(td.keys())
     if node.exact:
         extra = [name for name in names if name not in node.keys]
         for name in extra:
-            found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", "extra", "", describe(td.get(name))))
+            found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", MismatchKind.EXTRA, "",
+                                  describe(td.get(name))))
         if not extra and set(names) == set(node.keys) and tuple(names) != node.keys:
-            found.append(Mismatch(here, "order", repr(list(node.keys)), repr(names)))
+            found.append(Mismatch(here, MismatchKind.ORDER, repr(list(node.keys)), repr(names)))
         for name in node.keys:
             child = dict(node.entries)[name]
             if name not in names and type(child) is not int and not child.leaf_keys():
-                found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", "missing", "an empty TensorDict", "nothing"))
+                found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", MismatchKind.MISSING,
+                                      "an empty TensorDict", "nothing"))
     for name, child in node.entries:
         value = td.get(name, MISSING)
         if type(child) is int:
@@ -133,7 +135,8 @@ def _node_values(node: Node, td: TensorDictBase, text: str, prefix: tuple, found
         elif value is MISSING or child_td(child, value) is None:  # (a tensorclass: of its class)
             if value is not MISSING:
                 expected = child.tc.__name__ if child.tc is not None else "a TensorDict"
-                found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", "type", expected, describe(value)))
+                found.append(Mismatch(f"{text}[{format_key(prefix + (name,))}]", MismatchKind.TYPE, expected,
+                                      describe(value)))
             out += [MISSING] * len(child.leaf_keys())
         else:
             _node_values(child, child_td(child, value), text, prefix + (name,), found, out)
@@ -142,47 +145,49 @@ def _node_values(node: Node, td: TensorDictBase, text: str, prefix: tuple, found
 def _slot_values(slot: Slot, obj: Any, text: str) -> tuple[list, list[Mismatch]]:
     found: list[Mismatch] = []
     if not is_slot_value(obj):
-        found.append(Mismatch(text, "type", f"a {slot.cls.__name__}", describe(obj)))
+        found.append(Mismatch(text, MismatchKind.TYPE, f"a {slot.cls.__name__}", describe(obj)))
         return [MISSING] * len(slot.keys), found
     if type(obj) is not slot.cls and (slot.exact or slot.is_tc or is_tensorclass(obj)):
-        found.append(Mismatch(text, "type", slot.cls.__name__, type(obj).__name__))
+        found.append(Mismatch(text, MismatchKind.TYPE, slot.cls.__name__, type(obj).__name__))
     if is_tensorclass(obj) and slot.is_tc and dict(obj._non_tensordict) != slot.tc_extra:
-        found.append(Mismatch(text, "value", repr(slot.tc_extra), repr(dict(obj._non_tensordict))))
+        found.append(Mismatch(text, MismatchKind.VALUE, repr(slot.tc_extra), repr(dict(obj._non_tensordict))))
     td = obj._tensordict if is_tensorclass(obj) else obj
     if td.batch_size != slot.batch_size:
         compat = (f"CudaGraphModule was captured with batch_size={slot.batch_size} but got "
                   f"batch_size={td.batch_size}. CUDA graphs replay fixed shapes.")
-        found.append(Mismatch(text, "batch_size", str(tuple(slot.batch_size)), str(tuple(td.batch_size)), compat))
+        found.append(Mismatch(text, MismatchKind.BATCH_SIZE, str(tuple(slot.batch_size)), str(tuple(td.batch_size)),
+                              compat))
     if isinstance(td, TensorDictBase) and td.is_locked != slot.locked:
-        found.append(Mismatch(text, "value", "a locked TensorDict" if slot.locked else "an unlocked TensorDict",
+        found.append(Mismatch(text, MismatchKind.VALUE,
+                              "a locked TensorDict" if slot.locked else "an unlocked TensorDict",
                               "a locked one" if td.is_locked else "an unlocked one"))
     out: list = []
     _node_values(slot.root, td, text, (), found, out)
     return out, found
 
 
-def _tensor_mismatches(path: str, f: tuple, leaf: Any, key: tuple | None = None) -> list[Mismatch]:
+def _tensor_mismatches(path: str, f: TensorFacts, leaf: Any, key: tuple | None = None) -> list[Mismatch]:
     """What differs between a tensor leaf and the captured facts ``f``."""
     if not isinstance(leaf, torch.Tensor):
-        return [Mismatch(path, "type", "a tensor", describe(leaf))]
-    shape, dtype, device, requires_grad, layout = f
+        return [Mismatch(path, MismatchKind.TYPE, "a tensor", describe(leaf))]
     found = []
-    if leaf.shape != shape:
+    if leaf.shape != f.shape:
         if key is None:
-            compat = f"CudaGraphModule was captured with an input of shape {shape} but got shape {leaf.shape}."
+            compat = f"CudaGraphModule was captured with an input of shape {f.shape} but got shape {leaf.shape}."
         else:
             name = key[0] if len(key) == 1 else key
-            compat = f"CudaGraphModule was captured with the entry {name!r} of shape {shape} but got shape {leaf.shape}."
+            compat = (f"CudaGraphModule was captured with the entry {name!r} of shape {f.shape} but got shape "
+                      f"{leaf.shape}.")
         compat += " CUDA graphs replay fixed shapes."
-        found.append(Mismatch(path, "shape", str(tuple(shape)), str(tuple(leaf.shape)), compat))
-    if leaf.dtype != dtype:
-        found.append(Mismatch(path, "dtype", str(dtype), str(leaf.dtype)))
-    if leaf.device != device:
-        found.append(Mismatch(path, "device", str(device), str(leaf.device)))
-    if leaf.layout != layout:
-        found.append(Mismatch(path, "layout", str(layout), str(leaf.layout)))
-    if leaf.requires_grad != requires_grad:
-        found.append(Mismatch(path, "requires_grad", str(requires_grad), str(leaf.requires_grad)))
+        found.append(Mismatch(path, MismatchKind.SHAPE, str(tuple(f.shape)), str(tuple(leaf.shape)), compat))
+    for kind, captured_fact, now in (
+        (MismatchKind.DTYPE, f.dtype, leaf.dtype),
+        (MismatchKind.DEVICE, f.device, leaf.device),
+        (MismatchKind.LAYOUT, f.layout, leaf.layout),
+        (MismatchKind.REQUIRES_GRAD, f.requires_grad, leaf.requires_grad),
+    ):
+        if now != captured_fact:
+            found.append(Mismatch(path, kind, str(captured_fact), str(now)))
     return found
 
 
@@ -196,7 +201,8 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
         slot = layout.slot_at.get(position)
         if slot is None:
             if value is not MISSING and is_slot_value(value):
-                found.append(Mismatch(format_path(path, arg_names), "type", describe(layout.outer[position]), describe(value)))
+                found.append(Mismatch(format_path(path, arg_names), MismatchKind.TYPE, describe(layout.outer[position]),
+                                      describe(value)))
                 value = MISSING
             leaves.append(value)
         elif value is MISSING:
@@ -214,23 +220,25 @@ def explain_mismatches(spec: InputSpec, tree: Any, arg_names: Sequence[str] = ()
             if any(m.path == text for m in found) or _under_missing(text, found):
                 continue
             expected = describe_facts(facts_at[i]) if i in facts_at else describe(consts_at[i])
-            found.append(Mismatch(text, "missing", expected, "nothing"))
+            found.append(Mismatch(text, MismatchKind.MISSING, expected, "nothing"))
             if keys[i] is not None:
                 missing_keys.append(keys[i][0] if len(keys[i]) == 1 else keys[i])
         elif i in facts_at:
             found += _tensor_mismatches(text, facts_at[i], leaf, keys[i])
         elif not same_constant(leaf, consts_at[i]):
-            kind = "type" if isinstance(leaf, torch.Tensor) or type(leaf) is not type(captured(consts_at[i])) else "value"
-            compat = "Varying inputs must be torch.Tensor subclasses." if kind == "value" else None
+            other_type = isinstance(leaf, torch.Tensor) or type(leaf) is not type(captured(consts_at[i]))
+            kind = MismatchKind.TYPE if other_type else MismatchKind.VALUE
+            compat = "Varying inputs must be torch.Tensor subclasses." if kind is MismatchKind.VALUE else None
             found.append(Mismatch(text, kind, describe(consts_at[i]), describe(leaf), compat))
     if missing_keys:
         compat = f"CudaGraphModule input is missing the in_keys {missing_keys} that the captured graph reads."
-        found = [Mismatch(m.path, m.kind, m.expected, m.got, compat) if m.kind == "missing" else m for m in found]
+        found = [Mismatch(m.path, m.kind, m.expected, m.got, compat) if m.kind is MismatchKind.MISSING else m
+                 for m in found]
     return found
 
 
 def _under_missing(text: str, found: list[Mismatch]) -> bool:
-    return any(m.kind in ("missing", "type") and text.startswith(m.path + "[") for m in found)
+    return any(m.kind in (MismatchKind.MISSING, MismatchKind.TYPE) and text.startswith(m.path + "[") for m in found)
 
 
 def mismatch_error(owner: str, spec: InputSpec, tree: Any, arg_names: Sequence[str], modes: list[Mismatch],
@@ -241,11 +249,11 @@ def mismatch_error(owner: str, spec: InputSpec, tree: Any, arg_names: Sequence[s
     from keywords, whose batch size the caller did not choose (not reported)."""
     found = explain_mismatches(spec, tree, arg_names) + modes
     if built:
-        found = [m for m in found if not (m.kind == "batch_size" and m.path == arg_names[0])] or found
+        found = [m for m in found if not (m.kind is MismatchKind.BATCH_SIZE and m.path == arg_names[0])] or found
     if not found:  # the fast and slow readers disagree: a bug, but never a silent replay
-        found = [Mismatch("inputs", "structure", "the captured call", "a call that does not match it")]
-    if all(m.kind == "requires_grad" for m in found):
+        found = [Mismatch("inputs", MismatchKind.STRUCTURE, "the captured call", "a call that does not match it")]
+    if all(m.kind is MismatchKind.REQUIRES_GRAD for m in found):
         return RequiresGradError(owner, found, when)
-    if tensordict_module and all(m.kind == "missing" and "[" in m.path for m in found):
+    if tensordict_module and all(m.kind is MismatchKind.MISSING and "[" in m.path for m in found):
         return MissingKeyError(owner, found, when)
     return InputMismatchError(owner, found, when)

@@ -58,7 +58,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
-from ._errors import GraphStateError, Mismatch, RequiresGradError, UnsupportedError
+from ._errors import GraphStateError, Mismatch, MismatchKind, RequiresGradError, UnsupportedError
 from ._inputs import StaticInputs
 from ._policy import CapturePlan
 
@@ -191,10 +191,10 @@ def _module_hooks(modules: list[tuple[nn.Module, str]]) -> list[Mismatch]:
     for m, where in modules:
         count = len(m._backward_hooks) + len(m._backward_pre_hooks)
         if count:
-            found.append(Mismatch(where, "hook", "none", f"{count} module backward hook{'s' * (count > 1)}"))
+            found.append(Mismatch(where, MismatchKind.HOOK, "none", f"{count} module backward hook{'s' * (count > 1)}"))
     count = len(_nn_module._global_backward_hooks) + len(_nn_module._global_backward_pre_hooks)
     if count:
-        found.append(Mismatch("torch.nn.modules.module (global)", "hook", "none",
+        found.append(Mismatch("torch.nn.modules.module (global)", MismatchKind.HOOK, "none",
                               f"{count} global module backward hook{'s' * (count > 1)}"))
     return found
 
@@ -239,7 +239,7 @@ def capture_layer(
     nodes, leaves, outside = _walk(outs, marks.start)
     if marks.trained() or _freed(nodes):
         if tracked:
-            raise RequiresGradError(owner, [Mismatch(texts[i], "requires_grad", "False", "True") for i in tracked],
+            raise RequiresGradError(owner, [Mismatch(texts[i], MismatchKind.REQUIRES_GRAD, "False", "True") for i in tracked],
                                     "captured as a train step (the function runs backward itself)",
                                     advice=_STEP_ADVICE)
         return None  # a train step: its outputs refuse backward (see _outputs)
@@ -357,7 +357,7 @@ class Layer:
     def mismatches(self) -> list[Mismatch]:
         """What a call may not change since the capture: a parameter the backward graph gives no
         gradient (it did not require grad) that requires grad now; module backward hooks."""
-        found = [Mismatch(label, "requires_grad", "False", "True")
+        found = [Mismatch(label, MismatchKind.REQUIRES_GRAD, "False", "True")
                  for c, k, label in self._frozen if getitem(c, k).requires_grad]
         return found + _module_hooks(self.modules)
 

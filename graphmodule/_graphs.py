@@ -29,11 +29,12 @@ from ._hooks import detach_hook_weights
 from ._index import CallIndex
 from ._inputs import StaticInputs
 from ._lend import available as lendable
-from ._mode import Mode, ModeReader, check_capture, global_mode
+from ._mode import Mode, ModeReader, global_mode
 from ._optim import stepping_capturable
 from ._options import AUTO_GRAPHS
 from ._policy import Capture, Facts, OutputPolicy, plan_capture
 from ._record import CallRead, leaf_keys, read_call, record
+from ._refuse import before_capture
 from ._runners import Kind, Runner
 from ._signature import Signature
 from ._spec import InputSpec
@@ -318,11 +319,11 @@ class Graphs:
         """``call``'s signature served eagerly, without a graph, after its capture failed with
         ``on_capture_failure="eager"``: its entry, the most recently used, and the call's
         result (``ran``, where the call already ran, else run now). What a capture refuses
-        before running the function (``_mode.check_capture``; ``watch``: what it reads, taken
-        before the call) is refused here too."""
+        before running the function (``_refuse.before_capture``, bar DDP's rules; ``watch``:
+        what it reads, taken before the call) is refused here too."""
         args, kwargs = call.tree
         if ran is NOT_RUN:
-            check_capture(self.owner, mode, watch.tensors(), list(zip(call.texts, call.leaves)))
+            before_capture(self.owner, mode, watch, list(zip(call.texts, call.leaves)), graph=False)
             ran = self.runner.run_eager(lambda: self.module(*args, **kwargs))
         self.stats.eager_calls += 1
         # what it reads as the call left it (a function that builds state at its first call)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
-from ._errors import Mismatch
+from ._errors import Mismatch, MismatchKind
 from ._tree import Layout, _is_node, build_td, nested_entries, node_td, slot_ranges, unflatten
 
 __all__ = ["Materialized", "Outside", "Ref", "RefKind", "StaticInputs", "inference_inputs", "overlapping_inputs",
@@ -88,7 +88,7 @@ def inference_inputs(leaves: Any, index: list[int], name: Any, why: str) -> list
     """The leaves at ``index`` that are inference tensors, where a replay needs normal ones
     (``why``): eagerly, torch would refuse to write one outside inference mode, or to save
     one for backward. (The graph's buffers are normal tensors: a replay would not refuse.)"""
-    return [Mismatch(name(i), "inference", f"a normal tensor ({why})",
+    return [Mismatch(name(i), MismatchKind.INFERENCE, f"a normal tensor ({why})",
                      "an inference tensor (made under torch.inference_mode())")
             for i in index if leaves[i].is_inference()]
 
@@ -104,7 +104,7 @@ def overlapping_inputs(leaves: Any, index: list[int], name: Any) -> list[Mismatc
     """The leaves at ``index`` (inputs the function writes) whose elements share memory:
     eagerly the write raises; the graph writes its dense buffer, whose values could not be
     copied back into such a tensor."""
-    return [Mismatch(name(i), "overlap", "a tensor whose elements each have their own memory (the function "
+    return [Mismatch(name(i), MismatchKind.OVERLAP, "a tensor whose elements each have their own memory (the function "
                      "writes into it)", f"an expanded tensor (stride {leaves[i].stride()})")
             for i in index if internal_overlap(leaves[i])]
 

@@ -15,7 +15,8 @@
 
 A graph captured under one mode replays that mode's branch, so the mode is part of
 the captured signature: a call under another one is refused, or gets its own graph.
-:func:`check_capture` refuses the modes no graph can replay as the eager call runs.
+What no graph can replay under a mode as the eager call runs is refused before a capture
+(``_refuse.before_capture``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ else:
         _interaction_type = _probabilistic._interaction_type.get_mode
 
 from . import _dictwatch
-from ._errors import Mismatch, UnsupportedError
+from ._errors import Mismatch, MismatchKind
 
-__all__ = ["Mode", "ModeReader", "check_capture", "global_mode", "saves_inputs"]
+__all__ = ["Mode", "ModeReader", "describe_autocast", "global_mode", "saves_inputs"]
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_inference = torch.is_inference_mode_enabled
@@ -143,30 +144,23 @@ class ModeReader:
         found = []
         if captured.grad_mode() != now.grad_mode():
             where = "torch.is_inference_mode_enabled()" if captured.inference != now.inference else "torch.is_grad_enabled()"
-            found.append(Mismatch(where, "grad_mode", captured.grad_mode(), now.grad_mode()))
+            found.append(Mismatch(where, MismatchKind.GRAD_MODE, captured.grad_mode(), now.grad_mode()))
         if captured.interaction != now.interaction:
-            found.append(Mismatch("interaction_type()", "interaction_type", str(captured.interaction),
+            found.append(Mismatch("interaction_type()", MismatchKind.INTERACTION_TYPE, str(captured.interaction),
                                   str(now.interaction)))
         if captured.autocast != now.autocast:
-            found.append(Mismatch("torch.autocast", "autocast", describe_autocast(captured.autocast),
+            found.append(Mismatch("torch.autocast", MismatchKind.AUTOCAST, describe_autocast(captured.autocast),
                                   describe_autocast(now.autocast)))
         if captured.dtype != now.dtype:
-            found.append(Mismatch("torch.get_default_dtype()", "default_dtype", str(captured.dtype), str(now.dtype)))
+            found.append(Mismatch("torch.get_default_dtype()", MismatchKind.DEFAULT_DTYPE, str(captured.dtype), str(now.dtype)))
         if captured.deterministic != now.deterministic:
-            found.append(Mismatch("torch.are_deterministic_algorithms_enabled()", "deterministic",
+            found.append(Mismatch("torch.are_deterministic_algorithms_enabled()", MismatchKind.DETERMINISTIC,
                                   str(captured.deterministic), str(now.deterministic)))
         modes = {True: "train mode", False: "eval mode"}
         for label, before, after in zip(self.labels, captured.modules, now.modules):
             if before != after:
-                found.append(Mismatch(f"{label}.training", "mode", modes[before], modes[after]))
+                found.append(Mismatch(f"{label}.training", MismatchKind.MODE, modes[before], modes[after]))
         return found
-
-
-def _cached_by_autocast(t: Any, devices: set) -> bool:
-    """Whether autocast's cache may hold a cast of ``t`` (torch caches the casts of float32
-    leaves that require grad: parameters, inputs that require grad)."""
-    return (isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad and t.dtype is torch.float32
-            and t.device.type in devices)
 
 
 def saves_inputs(mode: tuple, layer: Any, externals: Iterable[Any]) -> bool:
@@ -174,45 +168,3 @@ def saves_inputs(mode: tuple, layer: Any, externals: Iterable[Any]) -> bool:
     something that requires grad (a layer, a train step's parameters). Eagerly, an inference
     tensor saved for backward is refused; a graph's buffers are normal tensors, which are not."""
     return bool(mode) and Mode(*mode).grad and (layer is not None or any(t.requires_grad for t in externals))
-
-
-def check_capture(owner: str, mode: tuple, externals: Sequence[tuple[str, Any]],
-                  inputs: Sequence[tuple[str, Any]]) -> None:
-    """Refuse a capture under ``mode`` whose replays could differ from the eager calls;
-    ``externals``, ``inputs``: ``(place, tensor)`` of the tensors the graph reads (parameters,
-    state) and of the call's inputs.
-
-    Autocast with its cache on (torch's default) casts a parameter at its first use in an
-    autocast region and reuses that cast until the outermost region ends, even after the
-    parameter changed in place; a replay casts at every call. Where the cache may hold a
-    cast of a tensor the graph reads, the capture is refused (as
-    ``torch.cuda.make_graphed_callables`` refuses it). An inference tensor among the inputs
-    where autograd may save it is refused too (eagerly torch refuses it; the graph's buffer
-    is a normal tensor).
-    """
-    mode = Mode(*mode)
-    if mode.grad and any(t.requires_grad for _, t in (*externals, *inputs) if isinstance(t, torch.Tensor)):
-        for place, t in inputs:
-            if isinstance(t, torch.Tensor) and t.is_inference():
-                raise UnsupportedError(
-                    owner,
-                    f"expected a normal tensor at {place} (grad mode: autograd may save it for backward), got an "
-                    "inference tensor (made under torch.inference_mode()), which autograd refuses to save; the "
-                    "graph's buffer would be a normal tensor, and the replay would not refuse it.",
-                    "pass a normal tensor (x.clone() outside inference mode, or make it under torch.no_grad()), "
-                    "or call the wrapper under torch.no_grad() or torch.inference_mode().",
-                )
-    state = mode.autocast
-    if state is None or not state[1]:
-        return
-    devices = {device for device, _ in state[0]}
-    for place, t in (*externals, *inputs):
-        if _cached_by_autocast(t, devices):
-            raise UnsupportedError(
-                owner,
-                f"expected autocast's cast cache off around a captured call, got {describe_autocast(state)} "
-                f"at {place}: autocast casts {place} at its first use in the autocast region and reuses that "
-                "cast until the region ends, even after it changes, while a replay casts it at every call.",
-                "pass cache_enabled=False to torch.autocast (as torch.cuda.make_graphed_callables requires), "
-                "or enter torch.autocast inside the wrapped function.",
-            )

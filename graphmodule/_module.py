@@ -310,7 +310,7 @@ class CudaGraphModule(Capturing, WrapperSurface):
                     return out
             self._stats.input_mismatches += 1
             raise InputMismatchError(self._owner, found.entry.extra_mismatches(found.leaves, found.entry.texts,
-                                                                               found.objs))
+                                                                               found.objs), found.entry.when)
         if self.options.max_graphs is None:
             return self._variant(args, kwargs, mode)
         if graphs.entries:  # a signature no graph has

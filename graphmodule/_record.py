@@ -3,7 +3,8 @@
 The cold path a call takes once per graph:
 
 1. read the call's structure (``Layout``) and refuse what a graph cannot take
-   (missing keys, tensors on another device, sparse tensors);
+   (missing keys; tensors on another device, sparse tensors: ``_refuse.unreadable``), then
+   what its replays could not reproduce (``_refuse.before_capture``);
 2. copy the inputs into static buffers and hand the function fresh containers over them
    (under grad mode, buffers of inputs that require grad require grad too);
 3. snapshot what the function may change (buffers' versions, bytes and layouts, containers,
@@ -27,23 +28,22 @@ from torch.nn.utils import parametrize as _parametrize
 from ._discover import Discovery
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry
-from ._errors import InputMismatchError, Mismatch, UnsupportedError
+from ._errors import UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
 from ._hooks import HookEffects, detach_hook_weights
 from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
-from ._mode import ModeReader, check_capture
+from ._mode import ModeReader
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._policy import CapturePlan
-from ._paths import describe, leaf_texts
+from ._paths import leaf_texts
 from ._rebind import Bindings
+from ._refuse import before_capture, unreadable
 from ._spec import InputSpec
 from ._stale import PythonEffects, Watch
 from ._tree import Layout, _is_node
 from ._twin import CopyOut
 
 __all__ = ["CallRead", "read_call", "record", "mode_reader"]
-
-Tensor = torch.Tensor
 
 
 class CallRead(NamedTuple):
@@ -62,18 +62,7 @@ def read_call(owner: str, tree: Any, by_key: dict, arg_names, device: torch.devi
     layout = Layout.capture(tree, by_key, owner, arg_names)
     leaves, objs = layout.leaves(tree)
     texts = leaf_texts(layout.leaf_paths(), arg_names)
-    if device is not None:
-        wrong = [Mismatch(text, "device", str(device), str(leaf.device))
-                 for leaf, text in zip(leaves, texts) if isinstance(leaf, Tensor) and leaf.device != device]
-        if wrong:
-            raise InputMismatchError(owner, wrong, "asked to capture on " + str(device))
-    for leaf, text in zip(leaves, texts):
-        if isinstance(leaf, Tensor) and leaf.layout is not torch.strided:
-            raise UnsupportedError(
-                owner,
-                f"{text} is {describe(leaf)}; a sparse tensor's memory changes with its number of non-zeros.",
-                "pass a dense tensor (.to_dense()), or its indices and values as fixed-size tensors.",
-            )
+    unreadable(owner, leaves, texts, device)  # (_refuse)
     return CallRead(tree, layout, leaves, objs, texts)
 
 
@@ -259,7 +248,7 @@ def _prepare(owner: str, module: Callable[..., Any], call: CallRead, mode: tuple
     # weights a weight_norm hook computed at an earlier call, detached first (_hooks); found again then
     if grad and detach_hook_weights(module, before.modules):
         before = Discovery(module, backward_hooks=grad)
-    check_capture(owner, mode, before.tensors(), list(zip(call.texts, call.leaves)))
+    before_capture(owner, mode, before, list(zip(call.texts, call.leaves)))  # (_refuse: the eager path's too)
     inputs = StaticInputs(call.layout, call.leaves)
     tracked = track_inputs(owner, inputs, call.leaves, call.texts) if grad else []
     marks = Marks(before.externals.values(), [inputs.leaves[i] for i in tracked]) if grad else None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from operator import attrgetter
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -34,7 +34,7 @@ try:  # dynamo's C++ tensor check; optional, the Python comparison is the refere
 except ImportError:  # pragma: no cover - depends on the torch build
     _TensorGuards = None
 
-__all__ = ["Held", "InputSpec", "captured", "facts", "held", "same_constant"]
+__all__ = ["Held", "InputSpec", "TensorFacts", "captured", "facts", "held", "same_constant"]
 
 Tensor = torch.Tensor
 _shape = attrgetter("shape")
@@ -48,8 +48,25 @@ class FlatCall:
     names: tuple
 
 
-def facts(t: Tensor) -> tuple:
-    """What a replay needs to be unchanged about a tensor leaf."""
+class TensorFacts(NamedTuple):
+    """What a replay needs to be unchanged about a tensor leaf (read by name; a tuple, so
+    that the per-call comparison of ``_now`` with it is a tuple comparison)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    layout: torch.layout
+
+
+def facts(t: Tensor) -> TensorFacts:
+    """The :class:`TensorFacts` of a tensor leaf."""
+    return TensorFacts(t.shape, t.dtype, t.device, t.requires_grad, t.layout)
+
+
+def _now(t: Tensor) -> tuple:
+    """:func:`facts` as a plain tuple, in :class:`TensorFacts`' order (the per-call path:
+    no NamedTuple to build; equal to the captured facts when they match)."""
     return (t.shape, t.dtype, t.device, t.requires_grad, t.layout)
 
 
@@ -176,7 +193,7 @@ class InputSpec:
         self.tensor_index = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         self.const_index = tuple(i for i, leaf in enumerate(leaves) if not isinstance(leaf, Tensor))
         self.facts = tuple(facts(leaves[i]) for i in self.tensor_index)
-        self.shapes = [f[0] for f in self.facts]
+        self.shapes = [f.shape for f in self.facts]
         self.constants = tuple(held(leaves[i]) for i in self.const_index)
         self.all_tensors = not self.const_index
         n = len(leaves)
@@ -204,7 +221,7 @@ class InputSpec:
         # what the call's TensorDicts and tensors are, without its Python values and modes (_variants)
         self.tensor_key = (
             tuple(_slot_key(slot) for slot in layout.slots),
-            tuple((s, d, str(dev), rg, lay) for s, d, dev, rg, lay in self.facts),
+            tuple(f._replace(device=str(f.device)) for f in self.facts),
         )
         self.key = (layout.treespec, *self.tensor_key, tuple(_const_key(c) for c in self.constants), mode)
 
@@ -285,6 +302,6 @@ class InputSpec:
         try:
             if list(map(_shape, tensors)) != self.shapes:
                 return False
-            return all(facts(t) == f for t, f in zip(tensors, self.facts))
+            return all(_now(t) == f for t, f in zip(tensors, self.facts))
         except AttributeError:
             return False

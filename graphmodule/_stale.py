@@ -16,7 +16,7 @@ Not seen, besides what discovery does not find: changes that compare equal (``0.
 from __future__ import annotations
 
 from operator import attrgetter, getitem, is_
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -231,9 +231,17 @@ class Watch(Discovery):
 _contents = attrgetter("cell_contents")
 
 
-def _facts(t: torch.Tensor) -> tuple:
+class ReadAs(NamedTuple):
     """How a graph reads a tensor: where, and with which layout."""
-    return (_data_ptr(t), t.shape, t.stride(), t.dtype)
+
+    ptr: int
+    shape: torch.Size
+    stride: tuple
+    dtype: torch.dtype
+
+
+def _facts(t: torch.Tensor) -> ReadAs:
+    return ReadAs(_data_ptr(t), t.shape, t.stride(), t.dtype)
 
 
 def _data_ptrs_equal(tensors: list, ptrs: list, index: list) -> bool:
@@ -245,12 +253,12 @@ def _data_ptrs_equal(tensors: list, ptrs: list, index: list) -> bool:
 _same_addresses = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None) or _data_ptrs_equal
 
 
-def _tensor_change(now: Any, ptr: int, facts: tuple) -> str | None:
+def _tensor_change(now: Any, ptr: int, facts: ReadAs) -> str | None:
     if not isinstance(now, torch.Tensor) or _data_ptr(now) != ptr:
         return "another tensor (the graph reads the old one's memory)"
     if _facts(now) != facts:
         return (f"another view of the same memory (shape {list(now.shape)}, stride {now.stride()}; the graph "
-                f"reads it as shape {list(facts[1])}, stride {facts[2]})")
+                f"reads it as shape {list(facts.shape)}, stride {facts.stride})")
     return None
 
 

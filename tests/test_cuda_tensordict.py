@@ -103,8 +103,9 @@ def test_missing_in_key_and_batch_size_are_reported(cuda):
     g = CudaGraphModule(module, warmup=1)
     header = "CudaGraphModule(TensorDictModule) was captured with other inputs than this call's"
     batch_advice = (
-        "To fix: CUDA graphs replay fixed shapes: pass a TensorDict of the captured batch size, "
-        "or use one CudaGraphModule per batch size."
+        "To fix: CUDA graphs replay fixed shapes: pass max_graphs=N to keep a graph per batch size (up to N "
+        "batch sizes), or pass a TensorDict of the captured batch size (pad it, or bucket varying batch sizes "
+        "into a few padded ones)."
     )
     keys_advice = (
         "To fix: pass the same containers, keys and number of arguments as at capture "
@@ -140,8 +141,8 @@ def test_missing_in_key_and_batch_size_are_reported(cuda):
         "  tensordict: expected batch_size (4,), got (5,)",
         "  tensordict['obs']: expected shape (4, 3), got (5, 3)",
         batch_advice,
-        "To fix: CUDA graphs replay fixed shapes: pad or slice the input to the captured shape, "
-        "or use one CudaGraphModule per shape.",
+        "To fix: CUDA graphs replay fixed shapes: pass max_graphs=N to keep a graph per shape (up to N shapes), "
+        "or pad the input to the captured shape (bucket inputs of varying sizes into a few padded shapes).",
         batch_compat,
         "(tensordict.nn.CudaGraphModule's words: CudaGraphModule was captured with the entry 'obs' "
         "of shape torch.Size([4, 3]) but got shape torch.Size([5, 3]). CUDA graphs replay fixed shapes.)",

@@ -13,7 +13,8 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from graphmodule import CudaGraphModule, InputMismatchError, Mismatch, RequiresGradError
-from graphmodule._spec import FlatCall, facts
+from graphmodule._record import read_call
+from graphmodule._spec import FlatCall, InputSpec, TensorFacts, facts
 
 
 def _captured(make, fn, *args, max_graphs=1, **kwargs):
@@ -441,3 +442,15 @@ class TestTheGuardShortCut:
             else:
                 with pytest.raises(InputMismatchError):
                     g(call)
+
+
+def test_a_signature_reads_its_tensor_facts_by_name():
+    x = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
+    f = facts(x)
+    assert isinstance(f, TensorFacts) and f._fields == ("shape", "dtype", "device", "requires_grad", "layout")
+    assert (f.shape, f.dtype, f.device, f.requires_grad, f.layout) == (
+        torch.Size([2, 3]), torch.float64, torch.device("cpu"), True, torch.strided)
+    call = read_call("f", ((x, 0.5), {}), {}, (), None)
+    spec = InputSpec(call.layout, call.leaves)
+    assert spec.facts == (f,) and spec.shapes == [f.shape]
+    assert spec.tensor_key[1] == (f._replace(device="cpu"),)
