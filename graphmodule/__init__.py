@@ -22,7 +22,10 @@ Modules, one concept each:
   place; without CUDA, checked by a simulated capture of its first call, so that it is refused
   where a GPU's graph would be, with the same messages.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
-- ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
+- ``_tree``: flattening inputs (optree for containers; a TensorDict is a slot), and the
+  ``Layout`` that reads a later call's leaves in the captured order: hot.
+- ``_slots``: a TensorDict (or tensorclass) among the inputs, read by key (exactly, or the
+  keys a TensorDict module reads): its captured structure and the reader chosen then: hot.
 - ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.
 - ``_explain``: what differs when a call does not match, and ``explain()``'s text: cold.
 - ``_inputs``: static input buffers, aliased as the caller's inputs were; where a call's

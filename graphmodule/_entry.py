@@ -36,9 +36,9 @@ from ._mode import saves_inputs
 from ._outputs import Plan
 from ._recipes import GRAPH, PASSED, build, passed_recipes
 from ._run import laid_out
+from ._slots import _is_node
 from ._spec import InputSpec
 from ._stale import Watch
-from ._tree import _is_node
 
 if TYPE_CHECKING:
     from ._outputsets import OutputSets

@@ -30,7 +30,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ._errors import Mismatch
-from ._tree import Layout, _is_node, build_td, nested_entries, node_td, slot_ranges, unflatten
+from ._slots import _is_node, build_td, nested_entries, node_td
+from ._tree import Layout, slot_ranges, unflatten
 
 __all__ = ["Materialized", "Outside", "Ref", "RefKind", "StaticInputs", "inference_inputs", "overlapping_inputs",
            "resolve", "storage_base"]

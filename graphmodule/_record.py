@@ -35,9 +35,10 @@ from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._paths import describe, leaf_texts
 from ._rebind import Bindings
+from ._slots import _is_node
 from ._spec import InputSpec
 from ._stale import PythonEffects, Watch
-from ._tree import Layout, _is_node
+from ._tree import Layout
 from ._twin import CopyOut
 
 __all__ = ["CallRead", "read_call", "record", "mode_reader"]
