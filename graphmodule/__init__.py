@@ -28,8 +28,9 @@ Modules, one concept each:
   keys a TensorDict module reads): its captured structure and the reader chosen then: hot.
 - ``_spec``: ``InputSpec``, the captured signature and the per-call match: hot.
 - ``_explain``: what differs when a call does not match, and ``explain()``'s text: cold.
-- ``_inputs``: static input buffers, aliased as the caller's inputs were; where a call's
-  objects sit (``Ref``).
+- ``_inputs``: static input buffers, aliased as the caller's inputs were.
+- ``_materialized``: the input tree handed to the function at capture, and where each of its
+  objects sits in a call (``Ref``), found again in a later call (``resolve``).
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
 - ``_rebind``: what a call rebinds outside its arguments (``.grad``, attributes): found at
   capture, bound again after each replay, what each call must find watched (``_gradwatch``:

@@ -21,17 +21,8 @@ from ._dispatch import add_required, stand_in
 from ._scope import SCOPE
 from ._effects import TD, Effects
 from ._errors import Mismatch
-from ._inputs import (
-    SLOT,
-    SLOT_OBJ,
-    StaticInputs,
-    alias_groups,
-    identity_pattern,
-    inference_inputs,
-    nested_paths,
-    overlapping_inputs,
-    resolve,
-)
+from ._inputs import StaticInputs, alias_groups, identity_pattern, inference_inputs, overlapping_inputs
+from ._materialized import SLOT, SLOT_OBJ, nested_paths, resolve
 from ._mode import saves_inputs
 from ._outputs import Plan
 from ._recipes import GRAPH, PASSED, build, passed_recipes

@@ -18,9 +18,10 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensorclass
 from torch import nn
 
-from ._inputs import Materialized, Span, StaticInputs, storage_base
+from ._inputs import Span, StaticInputs, storage_base
 from ._lend import DroppingLender, Lender
 from ._lend import available as lendable
+from ._materialized import Materialized
 from ._recipes import (
     Const,
     DictOf,

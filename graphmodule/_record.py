@@ -30,7 +30,8 @@ from ._entry import Entry
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import Marks, capture_layer, track_inputs
 from ._hooks import HookEffects, detach_hook_weights
-from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
+from ._inputs import StaticInputs
+from ._materialized import SLOT, SLOT_OBJ, Materialized
 from ._mode import ModeReader, check_capture
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._paths import describe, leaf_texts
