@@ -51,6 +51,8 @@ Modules, one concept each:
   runs, its modules', parameters' and optimizers', and the watch that they hold the captured
   hooks).
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
+- ``_gradtrace``: what a call did with autograd, read around its capture: the inputs it
+  tracks, the autograd nodes behind its outputs, whether it ran backward itself (a train step).
 - ``_optim``: optimizers the function steps, made capturable before their first step (as
   torch.compile does) where exact; the cause and the fix where not.
 - ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode, default dtype,

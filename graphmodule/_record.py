@@ -28,7 +28,8 @@ from ._discover import Discovery
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
-from ._grad import Marks, capture_layer, track_inputs
+from ._grad import capture_layer
+from ._gradtrace import Marks, track_inputs
 from ._hooks import HookEffects, detach_hook_weights
 from ._inputs import StaticInputs
 from ._materialized import SLOT, SLOT_OBJ, Materialized
