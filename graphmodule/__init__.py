@@ -46,10 +46,10 @@ Modules, one concept each:
   changes, refused at capture).
 - ``_stale``: the check, at every call, that what it reads is unchanged
   (``_dictwatch``: the dict watchers that let it skip what did not change).
-- ``_hooks``: hooks, whose Python a replay would not run: judged at capture by what they do
-  (served, or refused naming the hook); ``allow_hook`` (``_hookdicts``: the hook dicts a call
-  runs, its modules', parameters' and optimizers', and the watch that they hold the captured
-  hooks).
+- ``_hooks``: hooks, whose Python a replay would not run: what they read, the hooks served
+  without a run (``pure``), ``allow_hook`` (``_hookeffects``: each hook judged at capture by
+  what it changes, served or refused naming it; ``_hookdicts``: the hook dicts a call runs, its
+  modules', parameters' and optimizers', and the watch that they hold the captured hooks).
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
 - ``_gradtrace``: what a call did with autograd, read around its capture: the inputs it
   tracks, the autograd nodes behind its outputs, whether it ran backward itself (a train step).

@@ -8,7 +8,7 @@ The cold path a call takes once per graph:
    (under grad mode, buffers of inputs that require grad require grad too);
 3. snapshot what the function may change (buffers' versions, bytes and layouts, containers,
    Python state it reads, ``.grad`` and attributes: ``_rebind``), capture, and compare; the
-   modules' hooks run under a snapshot of their own around each call (``_hooks``), so that
+   modules' hooks run under a snapshot of their own around each call (``_hookeffects``), so that
    what one changes is refused naming it;
 4. turn the output and the effects into recipes; outputs that track gradients get a
    backward graph (a layer, see ``_grad``) unless the function ran backward itself.
@@ -30,7 +30,8 @@ from ._entry import Entry
 from ._errors import InputMismatchError, Mismatch, UnsupportedError
 from ._grad import capture_layer
 from ._gradtrace import Marks, track_inputs
-from ._hooks import HookEffects, detach_hook_weights
+from ._hookeffects import HookEffects
+from ._hooks import detach_hook_weights
 from ._inputs import StaticInputs
 from ._materialized import SLOT, SLOT_OBJ, Materialized
 from ._mode import ModeReader, check_capture
