@@ -28,15 +28,19 @@ Modules, one concept each:
   place; without CUDA, checked by a simulated capture of its first call, so that it is refused
   where a GPU's graph would be, with the same messages.
 - ``_record``: capturing a call, from its arguments to an entry (the cold path).
-- ``_tree``: flattening inputs (optree for containers, TensorDicts by key): hot.
+- ``_tree``: flattening inputs (optree for containers; a TensorDict is a slot), and the
+  ``Layout`` that reads a later call's leaves in the captured order: hot.
+- ``_slots``: a TensorDict (or tensorclass) among the inputs, read by key (exactly, or the
+  keys a TensorDict module reads): its captured structure and the reader chosen then: hot.
 - ``_spec``: ``InputSpec``, the captured signature (``TensorFacts``, constants, modes) and
   the per-call match: hot.
 - ``_explain``: what differs when a call does not match, and ``explain()``'s text: cold.
 - ``_refuse``: the input checks that refuse a call beyond its signature: before a capture
   (one function for the graph and the eager paths) and at each call of a graph that depends
   on more (aliasing, strides, nested TensorDicts, inference and expanded inputs).
-- ``_inputs``: static input buffers, aliased as the caller's inputs were; where a call's
-  objects sit (``Ref``).
+- ``_inputs``: static input buffers, aliased as the caller's inputs were.
+- ``_materialized``: the input tree handed to the function at capture, and where each of its
+  objects sits in a call (``Ref``), found again in a later call (``resolve``).
 - ``_effects``: writes to inputs and containers, replayed onto the caller's objects.
 - ``_rebind``: what a call rebinds outside its arguments (``.grad``, attributes): found at
   capture, bound again after each replay, what each call must find watched (``_gradwatch``:
@@ -60,11 +64,13 @@ Modules, one concept each:
   changes, refused at capture).
 - ``_stale``: the check, at every call, that what it reads is unchanged
   (``_dictwatch``: the dict watchers that let it skip what did not change).
-- ``_hooks``: hooks, whose Python a replay would not run: judged at capture by what they do
-  (served, or refused naming the hook); ``allow_hook`` (``_hookdicts``: the hook dicts a call
-  runs, its modules', parameters' and optimizers', and the watch that they hold the captured
-  hooks).
+- ``_hooks``: hooks, whose Python a replay would not run: what they read, the hooks served
+  without a run (``pure``), ``allow_hook`` (``_hookeffects``: each hook judged at capture by
+  what it changes, served or refused naming it; ``_hookdicts``: the hook dicts a call runs, its
+  modules', parameters' and optimizers', and the watch that they hold the captured hooks).
 - ``_grad``: graphs as layers: the backward graph, and the autograd node outputs join.
+- ``_gradtrace``: what a call did with autograd, read around its capture: the inputs it
+  tracks, the autograd nodes behind its outputs, whether it ran backward itself (a train step).
 - ``_optim``: optimizers the function steps, made capturable before their first step (as
   torch.compile does) where exact; the cause and the fix where not.
 - ``_mode``: grad mode, train/eval, interaction type, autocast, inference mode, default dtype,

@@ -22,7 +22,8 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._inputs import SLOT, SLOT_OBJ, Materialized, Outside, Ref, StaticInputs, resolve
+from ._inputs import StaticInputs
+from ._materialized import SLOT, SLOT_OBJ, Materialized, Outside, Ref, resolve
 from ._outputs import PlanBuilder
 from ._recipes import build, collect
 

@@ -22,15 +22,16 @@ from ._scope import SCOPE
 from ._effects import TD, Effects
 from ._errors import Mismatch
 from ._graphentry import GraphEntry, Outputs
-from ._inputs import SLOT, SLOT_OBJ, StaticInputs, resolve
+from ._inputs import StaticInputs
+from ._materialized import SLOT, SLOT_OBJ, resolve
 from ._mode import saves_inputs
 from ._outputs import Plan
 from ._recipes import GRAPH, PASSED, build, passed_recipes
 from ._refuse import call_mismatches
 from ._run import laid_out
+from ._slots import _is_node
 from ._spec import InputSpec
 from ._stale import Watch
-from ._tree import _is_node
 
 __all__ = ["NOT_SERVED", "Entry", "Verdict", "decide"]
 

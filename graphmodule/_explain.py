@@ -16,8 +16,9 @@ from tensordict import TensorDictBase, is_tensorclass
 
 from ._errors import WITHOUT_GRAPH, InputMismatchError, Mismatch, MismatchKind, MissingKeyError, RequiresGradError
 from ._paths import describe, format_key, format_path, leaf_texts
+from ._slots import MISSING, Node, Slot, _is_non_tensor, child_td
 from ._spec import InputSpec, TensorFacts, captured, same_constant
-from ._tree import MISSING, Node, Slot, _is_non_tensor, child_td, flatten_with_path, is_slot_value
+from ._tree import flatten_with_path, is_slot_value
 
 __all__ = ["describe_facts", "describe_graphs", "describe_spec", "explain_mismatches", "mismatch_error"]
 

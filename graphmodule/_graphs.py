@@ -24,7 +24,7 @@ from ._eager import CheckingRunner, EagerEntry, checked_entry
 from ._entry import NOT_SERVED, OTHER, REPLAY, STALE, Entry, Verdict, decide
 from ._errors import GraphStateError
 from ._explain import explain_mismatches
-from ._grad import tracks_grad
+from ._gradtrace import tracks_grad
 from ._hooks import detach_hook_weights
 from ._index import CallIndex
 from ._inputs import StaticInputs

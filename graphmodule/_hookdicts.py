@@ -12,7 +12,7 @@ Python (what they computed with tensors is recorded). The places they live in:
   torch's global ``register_optimizer_step_pre_hook``/``..._post_hook``.
 
 :class:`HookDict` names one such dict; :func:`hook_dicts` lists a graph's. What the hooks do is
-judged at capture (``_hooks.HookEffects``); :class:`HookWatch` says whether the dicts still
+judged at capture (``_hookeffects.HookEffects``); :class:`HookWatch` says whether the dicts still
 hold the captured hooks (one added or removed since makes the graph stale).
 
 A hook registered anywhere moves torch's ``RemovableHandle.next_id`` (every ``register_*``

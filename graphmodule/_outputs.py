@@ -18,8 +18,9 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensorclass
 from torch import nn
 
-from ._inputs import Materialized, Span, StaticInputs, storage_base
+from ._inputs import Span, StaticInputs, storage_base
 from ._lend import DroppingLender, Lender
+from ._materialized import Materialized
 from ._policy import CapturePlan
 from ._recipes import (
     Const,

@@ -1,6 +1,6 @@
 """Names for places in a call's inputs, and short descriptions of values, for messages.
 
-Shared by the hot reader (``_tree``) and the cold explainer (``_explain``); nothing
+Shared by the hot readers (``_tree``, ``_slots``) and the cold explainer (``_explain``); nothing
 here runs on a replay that matches.
 """
 

@@ -60,7 +60,7 @@ from ._pyeffects import _Shallow, refill
 from ._effects import AttrOp, GradOp
 from ._errors import UnsupportedError
 from ._gradwatch import Required
-from ._inputs import Outside
+from ._materialized import Outside
 from ._recipes import Const
 
 __all__ = ["Bindings", "GradUse", "Rebinds"]

@@ -35,7 +35,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 from torch import nn
 
-from ._inputs import Ref, resolve
+from ._materialized import Ref, resolve
 
 __all__ = ["Kind", "build", "collect", "dress", "passed_recipes", "undress"]
 

@@ -9,7 +9,7 @@ The cold path a call takes once per graph:
    (under grad mode, buffers of inputs that require grad require grad too);
 3. snapshot what the function may change (buffers' versions, bytes and layouts, containers,
    Python state it reads, ``.grad`` and attributes: ``_rebind``), capture, and compare; the
-   modules' hooks run under a snapshot of their own around each call (``_hooks``), so that
+   modules' hooks run under a snapshot of their own around each call (``_hookeffects``), so that
    what one changes is refused naming it;
 4. turn the output and the effects into recipes; outputs that track gradients get a
    backward graph (a layer, see ``_grad``) unless the function ran backward itself.
@@ -29,18 +29,22 @@ from ._discover import Discovery
 from ._effects import ContainerSnapshot, Effects
 from ._entry import Entry
 from ._errors import UnsupportedError
-from ._grad import Marks, capture_layer, track_inputs
-from ._hooks import HookEffects, detach_hook_weights
-from ._inputs import SLOT, SLOT_OBJ, Materialized, StaticInputs
+from ._grad import capture_layer
+from ._gradtrace import Marks, track_inputs
+from ._hookeffects import HookEffects
+from ._hooks import detach_hook_weights
+from ._inputs import StaticInputs
+from ._materialized import SLOT, SLOT_OBJ, Materialized
 from ._mode import ModeReader
 from ._outputs import Plan, PlanBuilder, Unsupported
 from ._policy import CapturePlan
 from ._paths import leaf_texts
 from ._rebind import Bindings
 from ._refuse import before_capture, unreadable
+from ._slots import _is_node
 from ._spec import InputSpec
 from ._stale import PythonEffects, Watch
-from ._tree import Layout, _is_node
+from ._tree import Layout
 from ._twin import CopyOut
 
 __all__ = ["CallRead", "read_call", "record", "mode_reader"]

@@ -30,10 +30,11 @@ from tensordict import TensorDictBase
 
 from ._distributed import refuse_ddp
 from ._errors import InputMismatchError, Mismatch, MismatchKind, UnsupportedError
-from ._inputs import alias_groups, identity_pattern, inference_inputs, nested_paths, overlapping_inputs
+from ._inputs import alias_groups, identity_pattern, inference_inputs, overlapping_inputs
+from ._materialized import nested_paths
 from ._mode import Mode, describe_autocast
 from ._paths import describe
-from ._tree import _is_node
+from ._slots import _is_node
 
 if TYPE_CHECKING:
     from ._discover import Discovery

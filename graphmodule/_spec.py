@@ -27,7 +27,8 @@ from typing import Any, NamedTuple, Sequence
 import torch
 from tensordict import TensorDict
 
-from ._tree import NO_TDS, Layout, Slot, flatten, is_slot_value
+from ._slots import Slot
+from ._tree import NO_TDS, Layout, flatten, is_slot_value
 
 try:  # dynamo's C++ tensor check; optional, the Python comparison is the reference
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards

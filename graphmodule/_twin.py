@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from ._inputs import _byte_view, _extent, resolve, storage_base
+from ._inputs import _byte_view, _extent, storage_base
+from ._materialized import resolve
 from ._effects import collect_call
 from ._outputs import dense
 

@@ -3,7 +3,7 @@
 import doctest
 
 import graphmodule
-from graphmodule import _hookdicts, _hooks, _module, _stats
+from graphmodule import _hookdicts, _hookeffects, _hooks, _module, _stats
 
 
 def test_all_names_exist_and_nothing_private_is_exported():
@@ -24,6 +24,6 @@ def test_errors_subclass_the_builtins_users_catch():
 
 
 def test_docstring_examples_run():
-    for module in (_hookdicts, _hooks, _module, _stats):
+    for module in (_hookdicts, _hookeffects, _hooks, _module, _stats):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__
