@@ -80,14 +80,6 @@ _NO_GRAPH = Found(OTHER, None, None, None)
 NOT_RUN = object()  # (Graphs.eager: the call has not run yet)
 
 
-def _untie_hook_weights(module: Any) -> None:
-    """Before a warmup call, which runs the function on the side stream, in grad mode: see
-    :func:`~graphmodule._hooks.detach_hook_weights` (a capture's ``record`` does it with the
-    modules its walk found)."""
-    if torch.is_grad_enabled():
-        detach_hook_weights(module)
-
-
 def _laid_out_as(entry: Entry, leaves: Any) -> list:
     """The call's leaves, copied into tensors laid out as ``entry``'s buffers (the same
     aliasing and strides), requiring grad where the call's do; its constants as captured."""
@@ -183,7 +175,8 @@ class Graphs:
         """A warmup call, run eagerly, counted in ``warming`` (its signature's record, or
         :attr:`first`), which keeps what the call showed for that signature's capture; before
         the first graph, its result also tells the capture what the eager call returns."""
-        _untie_hook_weights(self.module)
+        if torch.is_grad_enabled():  # (_hooks.detach_hook_weights; a capture's record does it with its walk's modules)
+            detach_hook_weights(self.module)
         # the optimizers it steps made capturable before their first step, where exact (_optim)
         out = stepping_capturable(self.owner, self.module, self.runner.device,
                                   lambda: self.runner.run_eager(lambda: self.module(*args, **kwargs)),
