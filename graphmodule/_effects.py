@@ -86,6 +86,8 @@ class GradOp:
     target: Outside  # the tensors (a tuple)
     values: list  # a recipe per tensor
     labels: list  # a place per tensor, for messages
+    # the graph outputs they are bound to, where each is one (a lender may keep them bound: see apply)
+    graph_index: frozenset[int] | None = None
     kind: ClassVar[OpKind] = GRAD
 
 
@@ -216,7 +218,9 @@ class Effects:
         self.any = bool(self.written or self.ops)
 
     def apply(self, inputs: StaticInputs, leaves: Any, objs: dict, tree: Any, values: list,
-              memo: dict | None = None) -> None:
+              memo: dict | None = None, kept: frozenset[int] = frozenset()) -> None:
+        """The call's effects, from this call's ``values`` (``kept``: the graph outputs whose
+        values are the ``.grad`` still bound from the last call, see ``_lend.DroppingLender``)."""
         if self.written:
             inputs.copy_back(leaves, self.written)
         # the objects as the call passed them, before any op moves one (a nested
@@ -254,6 +258,8 @@ class Effects:
                 if names is not _ABSENT:
                     target.names = list(names) if names is not None else None
             elif kind is GRAD:
+                if kept and op.graph_index is not None and op.graph_index <= kept:
+                    continue  # (every .grad still bound to the value it gets)
                 for t, recipe in zip(target, op.values):
                     value = build(recipe, values, leaves, objs, tree, memo)
                     if t.grad is not value:  # (a .grad kept bound from the last call, see DroppingLender)

@@ -235,7 +235,9 @@ class Entry(GraphEntry):
             # nested TensorDict returned, then deleted from its parent)
             for recipe in self.result_refs:
                 memo[id(recipe)] = resolve(recipe.ref, tree, objs)
-            self.effects.apply(self.inputs, leaves, objs, tree, values, memo)
+            lender = self.plan.lender
+            self.effects.apply(self.inputs, leaves, objs, tree, values, memo,
+                               lender.kept if lender is not None and layer is None else frozenset())
         return build(self.out_recipe, values, leaves, objs, tree, memo)
 
     def release(self) -> None:

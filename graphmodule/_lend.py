@@ -175,6 +175,7 @@ class Lender:
         # one storage (nearly every graph): free() inlined by the output sets
         self.one = OneStorage(cdatas[0], bases[0], lents, getrefcount(lents[0])) if len(lents) == 1 else None
         self._counted = (cdatas, lents, refs)  # (for a subclass's own check: a list more would count)
+        self.kept: frozenset[int] = frozenset()  # outputs whose last values() are still bound (DroppingLender)
 
         def free() -> bool:
             """Whether no caller holds a result lent by the last replay (a tensor or view
@@ -254,7 +255,7 @@ class DroppingLender(Lender):
         self._index = index if keep else None
         self.lone = None if keep else self.lone  # (a lone lent result would be handed out past values())
         self._bound: list[Tensor] | None = None  # what the last call bound, while it may stay bound
-        dropped = frozenset(index) if keep else frozenset()
+        dropped = self._kept = frozenset(index) if keep else frozenset()
         self._others = [(j, t) for g in self.groups for j, t in g.templates if j not in dropped]
         cdatas, lents, refs = self._counted
         extra = [0] * len(self.groups)
@@ -283,9 +284,11 @@ class DroppingLender(Lender):
         index, bound = self._index, self._bound
         if index is None or bound is None:
             out = super().values()
+            self.kept = frozenset()
             if index is not None:  # bound by this call's effects; kept bound while free_dropping finds them so
                 self._bound = [out[j] for j in index]
             return out
+        self.kept = self._kept
         # the .grad still bound, held by nothing else: bound again (Effects skips them)
         out: list[Any] = [None] * self.n
         for j, template in self._others:

@@ -61,7 +61,7 @@ from ._effects import AttrOp, GradOp
 from ._errors import UnsupportedError
 from ._gradwatch import Required
 from ._materialized import Outside
-from ._recipes import Const
+from ._recipes import GRAPH, Const
 
 __all__ = ["Bindings", "GradUse", "Rebinds"]
 
@@ -234,8 +234,10 @@ class Bindings:
         out = Rebinds()
         grads = self._grads(owner, builder, out)
         if grads:
-            out.ops.append(GradOp(Outside(tuple(t for t, _, _ in grads)), [r for _, r, _ in grads],
-                                  [label for _, _, label in grads]))
+            recipes = [r for _, r, _ in grads]
+            graph_index = frozenset(r.index for r in recipes) if all(r.kind is GRAPH for r in recipes) else None
+            out.ops.append(GradOp(Outside(tuple(t for t, _, _ in grads)), recipes, [label for _, _, label in grads],
+                                  graph_index))
         places = []
         for (d, label), before in zip(self.dicts, self.before):
             for key, was, now in _changed(before, d):

@@ -57,6 +57,8 @@ class Watch(Discovery):
                     lst.append(item)
         self._h = ([self.hooks.place[0]], [self.hooks.place[1]], [getitem(*self.hooks.place)], ["hooks"])
         self.freeze()
+        if not self._watched_dicts and not self._cells and self._grads is None:
+            self.check = self._check_flat  # (the per-call check: fewer frames where nothing else is needed)
 
     # -- the per-call check ----------------------------------------------------------------
     def check(self) -> bool:
@@ -75,6 +77,17 @@ class Watch(Discovery):
         if grads is not None:
             return _same_addresses(self._tobjs, self._tptrs, self._tindex) and grads.same()
         return _same_addresses(self._tobjs, self._tptrs, self._tindex)
+
+    def _check_flat(self) -> bool:
+        """:meth:`check` where every place is read at every call (no dict watcher covers one,
+        no closure cell, no ``.grad`` to find): one pass and the addresses, in this frame; any
+        difference goes to the general check (which adopts an equal object, or says stale)."""
+        try:
+            if all(map(is_, map(getitem, self._containers, self._keys), self._place_objects)):
+                return _same_addresses(self._tobjs, self._tptrs, self._tindex)
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError):
+            pass
+        return Watch.check(self)
 
     def other_grads(self) -> bool:
         """Whether the call is another graph's because a ``.grad`` the graph reads is ``None``
