@@ -340,7 +340,7 @@ class Graphs:
         the call's: the call's values in buffers aliased and strided as ``entry``'s (a call
         ``decide`` let through may pass one tensor twice where ``entry`` has two buffers, or
         other gaps between elements), with ``entry``'s signature."""
-        facts = Facts(capture, layer=entry.layer is not None, lendable=lendable())
+        facts = Facts(capture, layer=entry.layer is not None, lendable=lendable(), drops=entry.plan.drops)
         plan = plan_capture(self.policy, facts)
         call = CallRead(None, entry.spec.layout, _laid_out_as(entry, leaves), objs, entry.texts)
         return record(owner=self.owner, module=self.module, runner=self.runner, call=call, mode=entry.mode,

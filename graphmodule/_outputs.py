@@ -246,6 +246,7 @@ class Plan:
                  drop_index: tuple[int, ...] | None = None):
         self.graph = graph
         self.outputs, self.clone = outputs, outputs.clone
+        self.drops = bool(drops)  # (a train step that drops the .grad it binds: a capture again may lend them)
         # a train step that enables grad inside a call under torch.no_grad(): its outputs
         # require grad also where the call's grad mode is off, as eagerly
         self.enables_grad = enables_grad

@@ -48,6 +48,7 @@ class Facts(NamedTuple):
     layer: bool = False  # results track gradients (a first capture: at warmup; again: the graph is a layer)
     pool_in_use: bool = False  # the memory pool already holds a graph (another signature's, another wrapper's)
     lendable: bool = True  # this torch can tell whether a lent result is held (_lend.available)
+    drops: bool = False  # captured again from a train step that drops the .grad it binds (zero_grad() first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,7 @@ def plan_capture(policy: OutputPolicy, facts: Facts) -> CapturePlan:
     if capture is Capture.LENDING:  # (only "safe" captures again) a layer's in a pool of its own
         return CapturePlan(policy, capture, clone=True, lend=facts.lendable, alone=layer, beside=not layer)
     if capture is Capture.COPYING:  # (a layer's .grad are its backward's, not a step's: nothing to lend)
-        lend_drops = facts.lendable and not layer
+        lend_drops = facts.lendable and facts.drops and not layer
         return CapturePlan(policy, capture, clone=True, lend=False, alone=layer or lend_drops, lend_drops=lend_drops)
     if capture is Capture.COPYING_ALL:
         return CapturePlan(policy, capture, clone=True, lend=False, alone=layer)

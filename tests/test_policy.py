@@ -37,11 +37,14 @@ PLANS = [
     (SAFE, Facts(LENDING, pool_in_use=True), (True, True, False, True, False, False)),
     (SAFE, Facts(LENDING, layer=True), (True, True, True, False, False, False)),
     (SAFE, Facts(LENDING, lendable=False), (True, False, False, True, False, False)),
-    # captured again to return copies (every set held): the .grad a train step drops still lent,
-    # from memory of its own (a layer's .grad are its backward's: nothing to lend)
-    (SAFE, Facts(COPYING), (True, False, True, False, False, True)),
-    (SAFE, Facts(COPYING, lendable=False), (True, False, False, False, False, False)),
+    # captured again to return copies (every set held)...
+    (SAFE, Facts(COPYING), (True, False, False, False, False, False)),
     (SAFE, Facts(COPYING, layer=True), (True, False, True, False, False, False)),
+    # ...a train step's: the .grad it drops still lent, from memory of its own (a layer's .grad
+    # are its backward's: nothing to lend)
+    (SAFE, Facts(COPYING, drops=True), (True, False, True, False, False, True)),
+    (SAFE, Facts(COPYING, drops=True, lendable=False), (True, False, False, False, False, False)),
+    (SAFE, Facts(COPYING, drops=True, layer=True), (True, False, True, False, False, False)),
     # ...and copies of everything where such a .grad was kept past its step
     (SAFE, Facts(COPYING_ALL), (True, False, False, False, False, False)),
     (SAFE, Facts(COPYING_ALL, layer=True), (True, False, True, False, False, False)),
