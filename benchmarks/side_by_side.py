@@ -28,8 +28,11 @@ from workloads import LABELS, VARIANTS  # noqa: E402
 FLOOR_OF = {"policy_td_b1": "policy_b1", "nested_td_12leaves_b64": None, "many_leaves_td_64": None}
 SHOWN = ("eager", "floor", "tensordict", "compile", "graphmodule", "graphmodule_dropped", "graphmodule_clone",
          "graphmodule_static")
+# shown where measured: graphmodule at another revision (GRAPHMODULE_BASELINE, scripts/baseline.sh)
+BASELINE_SHOWN = ("baseline", "baseline_dropped")
 HEADINGS = {"graphmodule": "graphmodule (default, result held)", "graphmodule_dropped": "result dropped", "graphmodule_clone": "`outputs=\"clone\"`",
-            "graphmodule_static": "`outputs=\"static\"`", "compile": "torch.compile"}
+            "graphmodule_static": "`outputs=\"static\"`", "compile": "torch.compile",
+            "baseline": "baseline revision, held", "baseline_dropped": "baseline, dropped"}
 
 
 def run_suite(raw: str, expr: str | None) -> int:
@@ -59,12 +62,13 @@ def per_call(raw: str) -> dict[str, dict]:
 
 def markdown(results: dict[str, dict]) -> str:
     """µs per call, each with its ratio to the floor: ``23.0 (2.47x)``."""
-    lines = ["| workload (µs per call, x the floor) | " + " | ".join(HEADINGS.get(v, v) for v in SHOWN) + " |",
-             "|---|" + "---:|" * len(SHOWN)]
+    shown = SHOWN + tuple(v for v in BASELINE_SHOWN if any(v in e["us_per_call"] for e in results.values()))
+    lines = ["| workload (µs per call, x the floor) | " + " | ".join(HEADINGS.get(v, v) for v in shown) + " |",
+             "|---|" + "---:|" * len(shown)]
     for workload, entry in results.items():
         row, floor = entry["us_per_call"], entry.get("floor_us")
         cells = []
-        for variant in SHOWN:
+        for variant in shown:
             us = row.get(variant)
             if us is None:
                 cells.append("—")

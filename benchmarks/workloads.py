@@ -6,11 +6,17 @@ loop (the *floor*: no wrapper that copies its inputs can beat it), the same with
 outputs cloned, tensordict's ``CudaGraphModule``, ``torch.compile(mode="reduce-overhead")``,
 and graphmodule with its default ``outputs="safe"`` (the benchmark holds each result until
 the next call returns, as a loop does), ``outputs="clone"`` and zero-copy ``outputs="static"``.
+With ``GRAPHMODULE_BASELINE=DIR`` (a folder ``scripts/baseline.sh`` made), the same default
+call of graphmodule as it was at another revision too (``baseline``, ``baseline_dropped``),
+so that a change is timed against its base in one run.
 Used by ``test_benchmarks.py`` (pytest-benchmark) and ``side_by_side.py`` (the table).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -268,13 +274,16 @@ def variant(name: str, case: Case) -> Callable[[], Any] | None:
             return c(*args, **kwargs)
 
         return call
-    from graphmodule import CudaGraphModule
+    if name.startswith("baseline"):  # the default call of graphmodule at the baseline revision
+        CudaGraphModule, outputs = baseline().CudaGraphModule, "safe"
+    else:
+        from graphmodule import CudaGraphModule
 
-    # graphmodule: the default outputs ("safe": lent, never overwritten while held)
-    outputs = {"graphmodule": "safe", "graphmodule_dropped": "safe", "graphmodule_clone": "clone",
-               "graphmodule_static": "static"}[name]
+        # graphmodule: the default outputs ("safe": lent, never overwritten while held)
+        outputs = {"graphmodule": "safe", "graphmodule_dropped": "safe", "graphmodule_clone": "clone",
+                   "graphmodule_static": "static"}[name]
     g = CudaGraphModule(case.fn, warmup=case.warmup, outputs=outputs)
-    if name == "graphmodule_dropped":
+    if name in ("graphmodule_dropped", "baseline_dropped"):
         def dropped() -> None:  # the result gone before the next call, as in a loop that drops it
             g(*args, **kwargs)
 
@@ -282,8 +291,19 @@ def variant(name: str, case: Case) -> Callable[[], Any] | None:
     return lambda: g(*args, **kwargs)
 
 
+BASELINE = os.environ.get("GRAPHMODULE_BASELINE")  # a folder holding graphmodule_base (scripts/baseline.sh)
 VARIANTS = ("eager", "floor", "floor_clone", "tensordict", "compile", "graphmodule", "graphmodule_dropped",
-            "graphmodule_clone", "graphmodule_static")
+            "graphmodule_clone", "graphmodule_static") + (("baseline", "baseline_dropped") if BASELINE else ())
+
+
+def baseline() -> Any:
+    """``graphmodule_base``, the package at the baseline revision, from ``GRAPHMODULE_BASELINE``."""
+    if not BASELINE or not os.path.isdir(os.path.join(BASELINE, "graphmodule_base")):
+        raise RuntimeError(f"GRAPHMODULE_BASELINE={BASELINE!r} holds no graphmodule_base: make it with "
+                           "`bash scripts/baseline.sh REV DIR`")
+    if BASELINE not in sys.path:
+        sys.path.insert(0, BASELINE)
+    return importlib.import_module("graphmodule_base")
 
 
 def run_context(case: Case):
