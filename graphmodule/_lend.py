@@ -206,8 +206,9 @@ def _bound_counts() -> tuple[int, int] | None:
     held one apart (then nothing is kept bound)."""
     if _impl_uses is None:
         return None
-    p = torch.zeros(1, requires_grad=True)
-    p.grad = torch.zeros(1)
+    with torch.inference_mode(False), torch.enable_grad():  # (whatever mode the first capture ran in)
+        p = torch.zeros(1, requires_grad=True)
+        p.grad = torch.zeros(1)
     kept = [p.grad]
     free = (list(map(_impl_uses, kept))[0], list(map(getrefcount, kept))[0])
     held = kept[0]  # a caller's variable
