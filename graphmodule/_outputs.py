@@ -287,6 +287,7 @@ class Plan:
             else:
                 out = [torch.empty_like(t) for t in graph]
                 torch._foreach_copy_(out, graph)
+                _fresh_versions(out)
         else:
             out = list(graph)
             if self.single:
@@ -296,9 +297,23 @@ class Plan:
                     out[j] = t
             for members in self.shared:
                 _copy_shared(graph, members, out)
+            _fresh_versions([t for t in out if t is not None])
         if self.grad:
             _attach_no_backward(out, self.grad, self.enables_grad)
         return out
+
+
+_set_versions = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+
+
+def _fresh_versions(copies: list[Tensor]) -> None:
+    """A call's copies get a fresh result's version counter (0), as eagerly: the copy into each
+    counted one write. (Where this torch has no setter, they keep that count.)"""
+    if _set_versions is not None:
+        try:
+            _set_versions(tuple(copies), (0,) * len(copies))
+        except (TypeError, RuntimeError):  # (an older signature: one tensor at a time)
+            pass
 
 
 def dense(t: Tensor) -> bool:

@@ -246,6 +246,22 @@ def test_each_result_has_a_version_counter_of_its_own_as_eagerly(graph_backend):
         out.add_(1)
 
 
+def _several(x):
+    y = x * 2
+    return y, y[:2], x + 1  # (two results over one memory, as eagerly)
+
+
+@pytest.mark.parametrize("outputs", ["safe", "clone"])
+def test_copied_results_have_a_fresh_results_version_counter(graph_backend, outputs):
+    """Copies handed out (``"clone"``, or once every output set is held) start at version 0, as
+    the plain call's results do: the copy made into them is not the caller's write."""
+    g = CudaGraphModule(_several, warmup=1, backend=graph_backend, outputs=outputs)
+    x = torch.ones(4)
+    kept = [g(x) for _ in range(6)]  # every result kept: "safe" ends up returning copies
+    assert [r._version for r in kept[-1]] == [r._version for r in _several(x)] == [0, 0, 0]
+    assert kept[-1][1].data_ptr() == kept[-1][0].data_ptr()  # (still over one memory)
+
+
 def test_metadata_changes_on_a_result_do_not_reach_the_graph(graph_backend):
     g = _captured(lambda x: x.reshape(2, 2) + 1, torch.zeros(4), backend=graph_backend)
     out = g(torch.zeros(4))

@@ -17,6 +17,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from graphmodule import CaptureError, CudaGraphModule, StaleGraphError, UnsupportedError
@@ -495,6 +497,59 @@ class TestGradientsKeptBound:
             g(*_batch(i))
             eager(*_batch(i))
             _same_state(net, twin)
+
+
+# what a loop may do between two calls of a train step, to its gradients and its losses
+_BETWEEN = ("nothing", "keep_grad", "keep_view", "keep_storage", "write_grad", "drop_kept", "zero_outside",
+            "keep_loss", "drop_losses")
+
+
+def _hold(action, grad):
+    """What ``action`` keeps of a gradient (``grad``: ``p.grad`` now)."""
+    if action == "keep_grad":
+        return grad
+    if action == "keep_view":
+        return grad[:2]
+    return torch.empty(0, dtype=grad.dtype, device=grad.device).set_(
+        grad.untyped_storage(), grad.storage_offset(), grad.shape, grad.stride())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.sampled_from(_BETWEEN), min_size=4, max_size=12))
+def test_any_holds_between_steps_leave_what_the_plain_step_leaves(graph_backend, steps):
+    """Generated loops: between calls, gradients kept (a variable, a view, another tensor over
+    their memory), written in place, dropped; losses kept or dropped. After every call the
+    parameters, ``.grad``, every kept gradient and every kept loss are the plain step's."""
+    (net, opt), (twin, opt_e) = _models()
+    g = CudaGraphModule(_step(net, opt, zero_inside=True), warmup=1, backend=graph_backend)
+    eager = _step(twin, opt_e, zero_inside=True)
+    kept, kept_e, losses, losses_e = [], [], [], []
+    for i, action in enumerate(steps):
+        p, q = net[0].weight, twin[0].weight
+        if action.startswith("keep_") and action != "keep_loss" and p.grad is not None:
+            kept.append(_hold(action, p.grad))
+            kept_e.append(_hold(action, q.grad))
+        elif action == "write_grad" and p.grad is not None:
+            p.grad.mul_(0.5)
+            q.grad.mul_(0.5)
+        elif action == "drop_kept":
+            kept, kept_e = [], []
+        elif action == "zero_outside":
+            opt.zero_grad()
+            opt_e.zero_grad()
+        elif action == "drop_losses":
+            losses, losses_e = [], []
+        out, out_e = g(*_batch(i)), eager(*_batch(i))
+        if action == "keep_loss":
+            losses.append(out)
+            losses_e.append(out_e)
+        where = f"call {i} ({action}) of {steps}"
+        _same_state(net, twin)
+        assert [a.grad._version for a in net.parameters()] == [b.grad._version for b in twin.parameters()], where
+        for k, (a, b) in enumerate(zip(kept, kept_e)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"kept gradient {k} after {where}")
+        for k, (a, b) in enumerate(zip(losses, losses_e)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"kept loss {k} after {where}")
 
 
 def _adam(params):
