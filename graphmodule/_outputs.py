@@ -312,8 +312,9 @@ def _fresh_versions(copies: list[Tensor]) -> None:
     if _set_versions is not None:
         try:
             _set_versions(tuple(copies), (0,) * len(copies))
-        except (TypeError, RuntimeError):  # (an older signature: one tensor at a time)
-            pass
+        except TypeError:  # (an older torch's signature: one tensor at a time)
+            for t in copies:
+                _set_versions(t, 0)
 
 
 def dense(t: Tensor) -> bool:
