@@ -52,6 +52,7 @@ read the graph's memory, which the next call overwrites. Use ``outputs="clone"``
 from __future__ import annotations
 
 import ctypes
+import functools
 import weakref
 from operator import attrgetter, is_
 from sys import getrefcount
@@ -200,6 +201,7 @@ _version_of = attrgetter("_version")
 _impl_uses = getattr(Tensor, "_use_count", None)
 
 
+@functools.cache  # (measured once, at the first train step that could keep its .grad bound)
 def _bound_counts() -> tuple[int, int] | None:
     """``(C++ references, Python references)`` of a ``.grad`` that nothing but the kept list
     holds, read as :class:`DroppingLender` reads them; ``None`` where this torch cannot tell a
@@ -218,9 +220,6 @@ def _bound_counts() -> tuple[int, int] | None:
     by_cpp = list(map(_impl_uses, kept))[0] != free[0]
     del saved
     return free if by_python and by_cpp else None
-
-
-_BOUND_COUNTS: list = []  # (measured once, at the first train step that could keep its .grad bound)
 
 
 class DroppingLender(Lender):
@@ -248,9 +247,7 @@ class DroppingLender(Lender):
         self.one = None  # (free() binds the placeholders first: never inlined)
         # the .grad kept bound: each dropped .grad a lent output of its own (else never kept)
         lent = {j: k for k, g in enumerate(self.groups) for j, _ in g.templates}
-        if not _BOUND_COUNTS:
-            _BOUND_COUNTS.append(_bound_counts())
-        counts = _BOUND_COUNTS[0]
+        counts = _bound_counts()
         keep = (counts is not None and index is not None and len(index) == len(drops)
                 and len(set(index)) == len(index) and all(j in lent for j in index))
         self._index = index if keep else None

@@ -208,6 +208,10 @@ class Signature(Outputs):
                  "(captured again in %.1f ms)", self._owner, sets, 1e3 * fresh.capture_seconds)
         return None, fresh.finish(leaves, objs, tree)
 
+    def _copying_all(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> tuple[Action | None, Any]:
+        """A ``.grad`` the copying graph lent was kept past its step: copies of everything."""
+        return self._copying(entry, leaves, objs, tree, Action.COPIES_ALL)
+
     def _eager(self, entry: Entry, leaves: Any, objs: dict, tree: Any) -> tuple[Action | None, Any]:
         """A call made while every set's results are held, where no graph returning copies
         could be captured: the function's own results, run eagerly."""
@@ -249,7 +253,7 @@ _PERFORM: dict[Action, Callable[..., tuple[Action | None, Any]]] = {
     Action.LEND_NOW: Signature._lend_now,
     Action.TWIN: Signature._add_twin,
     Action.COPIES: Signature._copying,
-    Action.COPIES_ALL: lambda self, *call: Signature._copying(self, *call, action=Action.COPIES_ALL),
+    Action.COPIES_ALL: Signature._copying_all,
     Action.EAGER: Signature._eager,
 }
 
