@@ -297,7 +297,7 @@ class Plan:
                     out[j] = t
             for members in self.shared:
                 _copy_shared(graph, members, out)
-            _fresh_versions([t for t in out if t is not None])
+            _fresh_versions(out)  # (every output is a copy: one of the single ones or of a shared block)
         if self.grad:
             _attach_no_backward(out, self.grad, self.enables_grad)
         return out
