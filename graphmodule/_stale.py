@@ -57,8 +57,9 @@ class Watch(Discovery):
                     lst.append(item)
         self._h = ([self.hooks.place[0]], [self.hooks.place[1]], [getitem(*self.hooks.place)], ["hooks"])
         self.freeze()
-        if not self._watched_dicts and not self._cells and self._grads is None:
-            self.check = self._check_flat  # (the per-call check: fewer frames where nothing else is needed)
+        # every place read at every call (no dict watcher covers one, no closure cell, no .grad
+        # to find): check() reads them in its own frame first
+        self._flat = not self._watched_dicts and not self._cells and self._grads is None
 
     # -- the per-call check ----------------------------------------------------------------
     def check(self) -> bool:
@@ -69,6 +70,12 @@ class Watch(Discovery):
         addresses of the distinct tensors (``p.data = ...`` keeps the object, not its memory).
         Only a place holding another object (an equal float rebound, a new tensor over the
         same memory) takes the slower comparison."""
+        if self._flat:  # one pass and the addresses here; any difference to the general check below
+            try:
+                if all(map(is_, map(getitem, self._containers, self._keys), self._place_objects)):
+                    return _same_addresses(self._tobjs, self._tptrs, self._tindex)
+            except (KeyError, IndexError, AttributeError, TypeError, ValueError):
+                pass
         flag = self._flag
         # (every place in a dict that a watcher covers, none changed: nothing to read there)
         if (flag is None or flag.raised or not self._dicts_only) and not self._places_same():
@@ -77,17 +84,6 @@ class Watch(Discovery):
         if grads is not None:
             return _same_addresses(self._tobjs, self._tptrs, self._tindex) and grads.same()
         return _same_addresses(self._tobjs, self._tptrs, self._tindex)
-
-    def _check_flat(self) -> bool:
-        """:meth:`check` where every place is read at every call (no dict watcher covers one,
-        no closure cell, no ``.grad`` to find): one pass and the addresses, in this frame; any
-        difference goes to the general check (which adopts an equal object, or says stale)."""
-        try:
-            if all(map(is_, map(getitem, self._containers, self._keys), self._place_objects)):
-                return _same_addresses(self._tobjs, self._tptrs, self._tindex)
-        except (KeyError, IndexError, AttributeError, TypeError, ValueError):
-            pass
-        return Watch.check(self)
 
     def other_grads(self) -> bool:
         """Whether the call is another graph's because a ``.grad`` the graph reads is ``None``

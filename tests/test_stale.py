@@ -755,3 +755,22 @@ class TestNestedWrappers:
         holder["f"] = CudaGraphModule(lambda x: x * 3, backend="simulate")
         with pytest.raises(StaleGraphError, match=r"closure variable 'holder' of .*\['f'\]: another CudaGraphModule"):
             graphed(X)
+
+
+def test_a_watch_goes_with_its_graph_without_the_collector():
+    """The watch holds no reference to itself (a per-call check bound to it and kept on it
+    would): a deleted wrapper's watch, and the tensors it reads, go at once, not when the
+    collector runs."""
+    import gc
+    import weakref
+
+    g = CudaGraphModule(lambda x: x * 2 + 1, warmup=1, backend="simulate")
+    for _ in range(3):
+        g(torch.ones(3))
+    watch = weakref.ref(g._graphs.entries[0].watch)
+    gc.disable()
+    try:
+        del g
+        assert watch() is None
+    finally:
+        gc.enable()
