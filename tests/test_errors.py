@@ -11,6 +11,7 @@ from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequentia
 from torch import nn
 
 from graphmodule import CaptureError, CudaGraphModule, InputMismatchError, Mismatch, MismatchKind, RequiresGradError
+from tests.test_mode_globals import default_dtype, deterministic
 
 
 def test_mismatch_describe_forms():
@@ -92,26 +93,6 @@ def test_describe_never_prints_tensor_data():
 def _add_(a, b):
     a.add_(b)
     return a
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype):
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
-
-
-@contextlib.contextmanager
-def _deterministic():
-    old = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(old)
 
 
 def _sequential():
@@ -216,10 +197,10 @@ CASES = {
                                 lambda: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)),
     MismatchKind.DEFAULT_DTYPE: Case(lambda: lambda a: a * 2, _ONES, lambda g: g(torch.ones(3, dtype=torch.float32)),
                                      "torch.get_default_dtype(): expected default_dtype torch.float32, got "
-                                     "torch.float64", lambda: _default_dtype(torch.float64)),
+                                     "torch.float64", lambda: default_dtype(torch.float64)),
     MismatchKind.DETERMINISTIC: Case(lambda: lambda a: a * 2, _ONES, lambda g: g(torch.ones(3)),
                                      "torch.are_deterministic_algorithms_enabled(): expected deterministic False, "
-                                     "got True", _deterministic),
+                                     "got True", lambda: deterministic(True)),
     MismatchKind.HOOK: Case(_layer, lambda: (torch.ones(2, 3, requires_grad=True),), _hooked,
                             "module.0: expected hook none, got 1 module backward hook", backward=True),
 }
