@@ -278,6 +278,13 @@ class CudaRunner:
     def release(self, handle: Any) -> None:
         if handle is None:
             return
+        if SCOPE.active and not SCOPE.inside():  # a pool freed during another thread's capture aborts it
+            with SCOPE.lock:
+                self._release(handle)
+            return
+        self._release(handle)
+
+    def _release(self, handle: Any) -> None:
         pool = getattr(handle, "_graphmodule_pool", None)
         handle.reset()
         if pool is not None:

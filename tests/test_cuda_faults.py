@@ -230,3 +230,51 @@ def test_two_wrappers_capturing_in_two_threads_at_once(cuda):
         assert captures == 1
         assert outs == [[float(i * k)] * 4 for i in range(20)]
     _healthy(cuda)
+
+
+def test_two_train_steps_keeping_every_loss_in_two_threads(cuda):
+    # each step is captured again returning copies, in a pool of its own (it lends the .grad it
+    # drops), and again when a .grad is kept: the graphs it replaces are released while the other
+    # thread may be capturing, which must wait for that capture to end
+    results: dict = {}
+
+    def worker(k: int) -> None:
+        torch.manual_seed(k)
+        net = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1)).to(cuda)
+        twin = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1)).to(cuda)
+        twin.load_state_dict(net.state_dict())
+        opts = [torch.optim.Adam(m.parameters(), lr=1e-2, capturable=True) for m in (net, twin)]
+
+        def make(m, opt):
+            def step(x, y):
+                opt.zero_grad()
+                loss = (m(x) - y).pow(2).mean()
+                loss.backward()
+                opt.step()
+                return loss.detach()
+            return step
+
+        g, eager = CudaGraphModule(make(net, opts[0]), warmup=1), make(twin, opts[1])
+        stream, gen = torch.cuda.Stream(cuda), torch.Generator(device=cuda).manual_seed(k)
+        losses, kept = [], []
+        try:
+            with torch.cuda.stream(stream):
+                for i in range(40):
+                    x, y = torch.randn(8, 4, device=cuda, generator=gen), torch.randn(8, 1, device=cuda, generator=gen)
+                    losses.append((g(x, y), eager(x, y)))
+                    if i in (10 + k, 25 + k):
+                        kept.append((net[0].weight.grad, twin[0].weight.grad.clone()))
+                stream.synchronize()
+            assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in losses + kept)
+            assert all(torch.allclose(p, q, rtol=1e-4, atol=1e-5) for p, q in zip(net.parameters(), twin.parameters()))
+            results[k] = g.stats.copy_recaptures
+        except Exception as exc:  # noqa: BLE001 - reported below
+            results[k] = repr(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {0: 2, 1: 2}, results
+    _healthy(cuda)
