@@ -12,6 +12,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "benchmarks")
 
 
+def _env(baseline):
+    # the benchmarks and the repository first, then whatever path the packages were installed on
+    path = [HERE, ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, GRAPHMODULE_BASELINE=str(baseline), PYTHONPATH=os.pathsep.join(path))
+
+
 def _in_git() -> bool:
     return shutil.which("git") is not None and subprocess.run(
         ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, check=False).returncode == 0
@@ -38,14 +44,14 @@ def test_a_baseline_is_its_own_package_and_serves_the_default_call(tmp_path):
         "mods = {type(c.cell_contents).__module__ for c in g if hasattr(c.cell_contents, 'stats')}\n"
         "assert mods == {'graphmodule_base._module'}, mods\n"
     )
-    env = dict(os.environ, GRAPHMODULE_BASELINE=str(tmp_path), PYTHONPATH=os.pathsep.join([HERE, ROOT]))
+    env = _env(tmp_path)
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=HERE, check=False)
     assert ran.returncode == 0, ran.stderr[-3000:]
 
 
 def test_a_missing_baseline_says_how_to_make_one(tmp_path):
     code = "import torch, workloads\nworkloads.variant('baseline', workloads.WORKLOADS['tiny_fn'](torch.device('cpu')))\n"
-    env = dict(os.environ, GRAPHMODULE_BASELINE=str(tmp_path), PYTHONPATH=os.pathsep.join([HERE, ROOT]))
+    env = _env(tmp_path)
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=HERE, check=False)
     assert ran.returncode != 0 and "bash scripts/baseline.sh REV DIR" in ran.stderr
 
