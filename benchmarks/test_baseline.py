@@ -34,7 +34,7 @@ def test_a_baseline_is_its_own_package_and_serves_the_default_call(tmp_path):
         "import warnings, torch, workloads\n"
         "warnings.simplefilter('ignore')\n"
         "assert workloads.VARIANTS[-2:] == ('baseline', 'baseline_dropped'), workloads.VARIANTS\n"
-        "case = workloads.WORKLOADS['tiny_fn'](torch.device('cpu'))\n"
+        "case = workloads.WORKLOADS['tiny_fn'](torch.device('cuda' if torch.cuda.is_available() else 'cpu'))\n"
         "for name in ('baseline', 'graphmodule'):\n"
         "    call = workloads.variant(name, case)\n"
         "    outs = [call() for _ in range(5)]\n"
