@@ -36,6 +36,25 @@ class Switch:
             raise self.error
 
 
+def _in_threads(worker, keys) -> dict:
+    """``worker(k)`` in one thread per key, all at once: ``{k: what it returned, or the repr of
+    what it raised}``."""
+    results: dict = {}
+
+    def run(k):
+        try:
+            results[k] = worker(k)
+        except Exception as exc:  # noqa: BLE001 - reported by the caller
+            results[k] = repr(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def test_exception_during_warmup(cuda):
     fault = Switch(RuntimeError("warmup fault"))
     g = CudaGraphModule(lambda x: (fault(), x * 2)[1], warmup=2)
@@ -204,26 +223,18 @@ def test_two_threads_on_one_wrapper(cuda, own_streams):
 
 def test_two_wrappers_capturing_in_two_threads_at_once(cuda):
     barrier = threading.Barrier(2)
-    results: dict = {}
 
-    def worker(k: int) -> None:
+    def worker(k: int) -> tuple:
         g = CudaGraphModule(lambda x: x * k + torch.rand_like(x) * 0, warmup=1)
         stream = torch.cuda.Stream(cuda)
-        try:
-            with torch.cuda.stream(stream):
-                g(torch.ones(4, device=cuda))
-                barrier.wait()
-                outs = [g(torch.full((4,), float(i), device=cuda)) for i in range(20)]
-                stream.synchronize()
-            results[k] = (g.stats.captures, [o.tolist() for o in outs])
-        except Exception as exc:  # noqa: BLE001 - reported below
-            results[k] = repr(exc)
+        with torch.cuda.stream(stream):
+            g(torch.ones(4, device=cuda))
+            barrier.wait()
+            outs = [g(torch.full((4,), float(i), device=cuda)) for i in range(20)]
+            stream.synchronize()
+        return g.stats.captures, [o.tolist() for o in outs]
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in (2, 3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = _in_threads(worker, (2, 3))
     for k in (2, 3):
         assert not isinstance(results[k], str), results[k]
         captures, outs = results[k]
@@ -236,9 +247,7 @@ def test_two_train_steps_keeping_every_loss_in_two_threads(cuda):
     # each step is captured again returning copies, in a pool of its own (it lends the .grad it
     # drops), and again when a .grad is kept: the graphs it replaces are released while the other
     # thread may be capturing, which must wait for that capture to end
-    results: dict = {}
-
-    def worker(k: int) -> None:
+    def worker(k: int) -> int:
         torch.manual_seed(k)
         net = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1)).to(cuda)
         twin = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1)).to(cuda)
@@ -257,24 +266,17 @@ def test_two_train_steps_keeping_every_loss_in_two_threads(cuda):
         g, eager = CudaGraphModule(make(net, opts[0]), warmup=1), make(twin, opts[1])
         stream, gen = torch.cuda.Stream(cuda), torch.Generator(device=cuda).manual_seed(k)
         losses, kept = [], []
-        try:
-            with torch.cuda.stream(stream):
-                for i in range(40):
-                    x, y = torch.randn(8, 4, device=cuda, generator=gen), torch.randn(8, 1, device=cuda, generator=gen)
-                    losses.append((g(x, y), eager(x, y)))
-                    if i in (10 + k, 25 + k):
-                        kept.append((net[0].weight.grad, twin[0].weight.grad.clone()))
-                stream.synchronize()
-            assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in losses + kept)
-            assert all(torch.allclose(p, q, rtol=1e-4, atol=1e-5) for p, q in zip(net.parameters(), twin.parameters()))
-            results[k] = g.stats.copy_recaptures
-        except Exception as exc:  # noqa: BLE001 - reported below
-            results[k] = repr(exc)
+        with torch.cuda.stream(stream):
+            for i in range(40):
+                x, y = torch.randn(8, 4, device=cuda, generator=gen), torch.randn(8, 1, device=cuda, generator=gen)
+                losses.append((g(x, y), eager(x, y)))
+                if i in (10 + k, 25 + k):
+                    kept.append((net[0].weight.grad, twin[0].weight.grad.clone()))
+            stream.synchronize()
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in losses + kept), "values"
+        assert all(torch.allclose(p, q, rtol=1e-4, atol=1e-5) for p, q in zip(net.parameters(), twin.parameters()))
+        return g.stats.copy_recaptures
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = _in_threads(worker, (0, 1))
     assert results == {0: 2, 1: 2}, results
     _healthy(cuda)
