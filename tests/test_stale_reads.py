@@ -22,6 +22,15 @@ SCALE = 2.0
 LEVEL = np.array(2.0)  # a global numpy 0-d array, written in place by the tests
 
 
+@pytest.fixture(autouse=True)
+def _globals_restored():
+    """The module globals the tests rebind or write, as they were, after each test."""
+    yield
+    global SCALE
+    SCALE = 2.0
+    LEVEL[...] = 2.0
+
+
 class Mode(enum.Enum):
     PLAIN = 1
     SHIFTED = 2
@@ -67,19 +76,12 @@ class TestModuleGlobals:
         global SCALE
         net = Scaled()
         g = _captured(net)
-        try:
-            SCALE = 3.0
-            assert _stale(g) == [("global 'SCALE' read by Scaled.forward",
-                                  "2.0 at capture, 3.0 now (the graph uses 2.0)")]
-        finally:
-            SCALE = 2.0
+        SCALE = 3.0
+        assert _stale(g) == [("global 'SCALE' read by Scaled.forward",
+                              "2.0 at capture, 3.0 now (the graph uses 2.0)")]
 
     def test_global_rebound_recaptures(self):
-        global SCALE
-        try:
-            _as_eagerly(Scaled(), lambda: globals().update(SCALE=3.0))
-        finally:
-            SCALE = 2.0
+        _as_eagerly(Scaled(), lambda: globals().update(SCALE=3.0))
 
     def test_global_read_by_a_helper_method(self):
         class Helped(Scaled):
@@ -89,11 +91,7 @@ class TestModuleGlobals:
             def _scaled(self, y):
                 return y * SCALE
 
-        global SCALE
-        try:
-            _as_eagerly(Helped(), lambda: globals().update(SCALE=4.0))
-        finally:
-            SCALE = 2.0
+        _as_eagerly(Helped(), lambda: globals().update(SCALE=4.0))
 
     def test_global_numpy_array_written_in_place(self):
         class Leveled(Scaled):
@@ -102,14 +100,11 @@ class TestModuleGlobals:
 
         net = Leveled()
         g = _captured(net)
-        try:
-            LEVEL[...] = 3.0
-            assert _stale(g) == [("global 'LEVEL' read by TestModuleGlobals.test_global_numpy_array_written_in_place"
-                                  ".<locals>.Leveled.forward", "array(2.) at capture, array(3.) now (the graph uses "
-                                  "array(2.))")]
-            _as_eagerly(net, lambda: LEVEL.fill(4.0))
-        finally:
-            LEVEL[...] = 2.0
+        LEVEL[...] = 3.0
+        assert _stale(g) == [("global 'LEVEL' read by TestModuleGlobals.test_global_numpy_array_written_in_place"
+                              ".<locals>.Leveled.forward", "array(2.) at capture, array(3.) now (the graph uses "
+                              "array(2.))")]
+        _as_eagerly(net, lambda: LEVEL.fill(4.0))
 
 
 CALLS = 0
@@ -250,14 +245,11 @@ class TestCallableObjects:
                 return self.net(x) * SCALE
 
         global SCALE
-        try:
-            policy = Policy()
-            g = _captured(policy, on_stale="recapture")
-            SCALE = 5.0
-            with torch.no_grad():
-                torch.testing.assert_close(g(X), policy(X))
-        finally:
-            SCALE = 2.0
+        policy = Policy()
+        g = _captured(policy, on_stale="recapture")
+        SCALE = 5.0
+        with torch.no_grad():
+            torch.testing.assert_close(g(X), policy(X))
 
     def test_function_reads_a_global_dataclass_field(self):
         config = Config()
@@ -334,7 +326,6 @@ class Everything(Shaped):
 def test_served_as_eagerly_on_each_backend(change, graph_backend, ones):
     """The same changes on the simulated backend and on real CUDA graphs (where a replay that
     missed them would silently give the capture's values)."""
-    global SCALE
     net = Everything()
     g = CudaGraphModule(net, warmup=1, backend=graph_backend, on_stale="recapture")
     try:
@@ -346,7 +337,5 @@ def test_served_as_eagerly_on_each_backend(change, graph_backend, ones):
                 torch.testing.assert_close(g(ones), net(ones), rtol=0, atol=0)
         assert g.stats.recaptures == 1
     finally:
-        SCALE = 2.0
-        LEVEL[...] = 2.0
         if "cut" in vars(Everything):
             del Everything.cut
