@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from graphmodule import CaptureError, CudaGraphModule, GraphStateError
+from tests.test_train_step import _step  # (zero_grad(), loss, backward, step; the loss returned)
 
 pytestmark = pytest.mark.cuda
 
@@ -253,17 +254,8 @@ def test_two_train_steps_keeping_every_loss_in_two_threads(cuda):
         twin = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1)).to(cuda)
         twin.load_state_dict(net.state_dict())
         opts = [torch.optim.Adam(m.parameters(), lr=1e-2, capturable=True) for m in (net, twin)]
-
-        def make(m, opt):
-            def step(x, y):
-                opt.zero_grad()
-                loss = (m(x) - y).pow(2).mean()
-                loss.backward()
-                opt.step()
-                return loss.detach()
-            return step
-
-        g, eager = CudaGraphModule(make(net, opts[0]), warmup=1), make(twin, opts[1])
+        step, eager = _step(net, opts[0], zero_inside=True), _step(twin, opts[1], zero_inside=True)
+        g = CudaGraphModule(step, warmup=1)
         stream, gen = torch.cuda.Stream(cuda), torch.Generator(device=cuda).manual_seed(k)
         losses, kept = [], []
         with torch.cuda.stream(stream):
