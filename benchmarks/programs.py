@@ -308,15 +308,37 @@ def environment(device) -> dict:
 
 
 def ablate(parts: str) -> None:
-    """Diagnosis only (env ``GM_ABLATE``, comma-separated): switch off a part of
-    graphmodule's per-call work to see what it costs in a real program. ``watch``: the
-    staleness check always passes (a replaced parameter would go unnoticed)."""
+    """Diagnosis only (env ``GM_ABLATE``, comma-separated): switch off one of graphmodule's
+    per-call checks, to see what it costs in a real program (``docs/performance.md`` has the
+    table). Each leaves a real change unnoticed; never for results.
+
+    ``watch``: the whole staleness check passes. ``addresses``: only the comparison of the
+    watched tensors' addresses (``p.data = ...``). ``places``: only the read of the places no
+    dict watcher covers (list items, closure cells). ``grads``: a train step's ``.grad`` kept
+    bound from its last call are reused without checking that nothing holds them.
+    ``extra``: aliasing, strides and inference-tensor inputs."""
+    from graphmodule import _entry, _lend, _stale
+
     for part in filter(None, parts.split(",")):
         if part == "watch":
-            from graphmodule import _stale
             _stale.Watch.check = lambda self: True
+        elif part == "addresses":
+            _stale._same_addresses = lambda tensors, ptrs, index: True
+        elif part == "places":
+            _stale.Watch._places_same = lambda self: True
+        elif part == "grads":
+            made = _lend.DroppingLender.__init__
+
+            def init(self, *args, made=made, **kwargs):
+                made(self, *args, **kwargs)
+                checked = self.free
+                self.free = lambda: self._bound is not None or checked()
+
+            _lend.DroppingLender.__init__ = init
+        elif part == "extra":
+            _entry.Entry.extra_ok = lambda self, leaves, objs: True
         else:
-            raise ValueError(f"GM_ABLATE: unknown part {part!r} (known: watch)")
+            raise ValueError(f"GM_ABLATE: unknown part {part!r} (known: watch, addresses, places, grads, extra)")
 
 
 def child(program: str, jobs: list[tuple[str, str]], smoke: bool, path: str) -> None:

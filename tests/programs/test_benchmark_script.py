@@ -51,3 +51,26 @@ def test_programs_benchmark_records_a_crash_and_goes_on(tmp_path):
     assert "| train_step | tensordict | failed: child killed by SIGABRT" in (tmp_path / "programs.md").read_text()
     for wrapper in ("eager", "graphmodule"):
         assert by_wrapper[wrapper]["error"] is None and by_wrapper[wrapper]["profile"]["steps"] > 0
+
+
+def _interleaved(tmp_path, ablate: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, SCRIPT, "--smoke", "--interleaved", "2", "--programs", "td3", "--strict", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=dict(os.environ, GM_ABLATE=ablate),
+    )
+
+
+def test_every_ablation_leaves_the_interleaved_run_working(tmp_path):
+    """GM_ABLATE (diagnosis: what each per-call check costs in a program) switches the checks
+    off without breaking the run: both wrappers still take their blocks."""
+    proc = _interleaved(tmp_path, "watch,addresses,places,grads,extra")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    inter = json.loads((tmp_path / "interleaved.json").read_text())["results"]["td3"]["interleaved"]
+    assert inter["graphmodule"]["blocks"] > 0 and inter["tensordict"]["blocks"] > 0
+
+
+def test_an_unknown_ablation_fails_the_run_naming_the_known_ones(tmp_path):
+    proc = _interleaved(tmp_path, "bogus")
+    assert proc.returncode == 1, proc.stdout[-6000:] + proc.stderr[-6000:]
+    error = json.loads((tmp_path / "interleaved.json").read_text())["results"]["td3"]["error"]
+    assert "GM_ABLATE: unknown part 'bogus' (known: watch, addresses, places, grads, extra)" in error
