@@ -303,18 +303,10 @@ class Plan:
         return out
 
 
-_set_versions = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
-
-
 def _fresh_versions(copies: list[Tensor]) -> None:
     """A call's copies get a fresh result's version counter (0), as eagerly: the copy into each
-    counted one write. (Where this torch has no setter, they keep that count.)"""
-    if _set_versions is not None:
-        try:
-            _set_versions(tuple(copies), (0,) * len(copies))
-        except TypeError:  # (an older torch's signature: one tensor at a time)
-            for t in copies:
-                _set_versions(t, 0)
+    counted one write. (One call for the list: torch 2.11 and later take sequences.)"""
+    torch._C._autograd._unsafe_set_version_counter(tuple(copies), (0,) * len(copies))
 
 
 def dense(t: Tensor) -> bool:
