@@ -315,16 +315,21 @@ class CudaGraphModule(Capturing, WrapperSurface):
             return self._variant(args, kwargs, mode)
         if graphs.entries:  # a signature no graph has
             if len(graphs.entries) >= self.options.max_graphs and self.options.on_graph_limit == "raise":
-                if self._td is not None and self._td.one_tensordict(args, kwargs):
-                    # g(td) where a graph has its entries under another batch size (captured from g(obs=x))
-                    out = graphs.other_batch_size(args[0], mode)
-                    if out is not NOT_SERVED:
-                        return out
+                out = self._at_another_batch_size(args, kwargs, mode)
+                if out is not NOT_SERVED:
+                    return out
                 self._raise_mismatch(graphs.entries[0], args, kwargs, mode)
             return self._new_signature(args, kwargs)
         if graphs.first.calls < self.warmup:
             return graphs.warmup_call(args, kwargs, graphs.first)
         return self._capture(args, kwargs)
+
+    def _at_another_batch_size(self, args: tuple, kwargs: dict, mode: Any) -> Any:
+        """``g(td)`` of a TensorDict module where a graph has its entries under another batch size
+        (captured from ``g(obs=x)``): that graph's result, else ``NOT_SERVED``."""
+        if self._td is not None and self._td.one_tensordict(args, kwargs):
+            return self._graphs.other_batch_size(args[0], mode)
+        return NOT_SERVED
 
     def _variant(self, args: tuple, kwargs: dict, mode: Any) -> Any:
         """``max_graphs=None``: a call no graph takes warms up and is captured, counted per
@@ -346,10 +351,9 @@ class CudaGraphModule(Capturing, WrapperSurface):
         room = graphs.room(warming, self.options.on_graph_limit)
         if room in (Room.OTHER_TENSORS, Room.FULL) and self.options.on_graph_limit == "raise":
             if room is Room.OTHER_TENSORS:
-                if self._td is not None and self._td.one_tensordict(args, kwargs):  # see the same case in _slow
-                    out = graphs.other_batch_size(args[0], mode)
-                    if out is not NOT_SERVED:
-                        return out
+                out = self._at_another_batch_size(args, kwargs, mode)
+                if out is not NOT_SERVED:
+                    return out
                 self._raise_mismatch(graphs.closest(args, kwargs, mode), args, kwargs, mode)
             self._stats.input_mismatches += 1
             raise graphs.limit_error(args, kwargs, mode, self._mode)
