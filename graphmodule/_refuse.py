@@ -79,9 +79,9 @@ def before_capture(owner: str, mode: tuple, reads: Discovery, inputs: Sequence[t
     """
     if graph:
         refuse_ddp(owner, reads.modules)
-    externals = reads.tensors()
-    _inference_saved(owner, Mode(*mode), externals, inputs)
-    _autocast_cache(owner, Mode(*mode), externals, inputs)
+    externals, modes = reads.tensors(), Mode(*mode)
+    _inference_saved(owner, modes, externals, inputs)
+    _autocast_cache(owner, modes, externals, inputs)
 
 
 def _inference_saved(owner: str, mode: Mode, externals: Sequence[tuple[str, Any]],
