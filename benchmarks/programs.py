@@ -341,6 +341,38 @@ def ablate(parts: str) -> None:
             raise ValueError(f"GM_ABLATE: unknown part {part!r} (known: watch, addresses, places, grads, extra)")
 
 
+def delay(spec: str) -> None:
+    """Diagnosis only (env ``GM_DELAY=K:US``): graphmodule's wrapper of the program's K-th
+    wrapped function (0 first, in the order the program wraps them) spends US more
+    microseconds of host time before each call. What that costs the program's steps/s says
+    how much of that call's host time the loop waits for (``docs/performance.md``)."""
+    if not spec:
+        return
+    try:
+        index, micros = spec.split(":")
+        index, seconds = int(index), float(micros) * 1e-6
+    except ValueError:
+        raise ValueError(f"GM_DELAY: expected FUNCTION:MICROSECONDS (as 1:100), got {spec!r}") from None
+    import graphmodule
+
+    cls, made, count = graphmodule.CudaGraphModule, graphmodule.CudaGraphModule.__init__, [0]
+
+    class Delayed(cls):
+        def __call__(self, *args, **kwargs):
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+            return cls.__call__(self, *args, **kwargs)
+
+    def init(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        if count[0] == index:
+            self.__class__ = Delayed  # (this wrapper alone: the others' calls are untouched)
+        count[0] += 1
+
+    cls.__init__ = init
+
+
 def child(program: str, jobs: list[tuple[str, str]], smoke: bool, path: str) -> None:
     """Make the runs ``jobs`` ((wrapper, "timed" | "profile")) of ``program`` in turn, here,
     writing what was done to ``path`` (JSON) after each; stop at the first failure."""
@@ -352,6 +384,7 @@ def child(program: str, jobs: list[tuple[str, str]], smoke: bool, path: str) -> 
     if not cuda:
         torch.set_num_threads(1)  # tiny CPU workloads; far faster on a loaded machine
     ablate(os.environ.get("GM_ABLATE", ""))
+    delay(os.environ.get("GM_DELAY", ""))
     report = {"environment": environment(device), "done": []}
     for wrapper, kind in jobs:
         if os.environ.get("GRAPHMODULE_BENCH_ABORT") == f"{program}/{wrapper}":

@@ -53,10 +53,10 @@ def test_programs_benchmark_records_a_crash_and_goes_on(tmp_path):
         assert by_wrapper[wrapper]["error"] is None and by_wrapper[wrapper]["profile"]["steps"] > 0
 
 
-def _interleaved(tmp_path, ablate: str) -> subprocess.CompletedProcess:
+def _interleaved(tmp_path, ablate: str = "", delay: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, SCRIPT, "--smoke", "--interleaved", "2", "--programs", "td3", "--strict", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, env=dict(os.environ, GM_ABLATE=ablate),
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=dict(os.environ, GM_ABLATE=ablate, GM_DELAY=delay),
     )
 
 
@@ -74,3 +74,21 @@ def test_an_unknown_ablation_fails_the_run_naming_the_known_ones(tmp_path):
     assert proc.returncode == 1, proc.stdout[-6000:] + proc.stderr[-6000:]
     error = json.loads((tmp_path / "interleaved.json").read_text())["results"]["td3"]["error"]
     assert "GM_ABLATE: unknown part 'bogus' (known: watch, addresses, places, grads, extra)" in error
+
+
+def test_a_delay_falls_on_graphmodule_s_calls_of_one_function(tmp_path):
+    """GM_DELAY=K:US (diagnosis: how much of a call's host time the loop waits for) lengthens
+    graphmodule's calls of the K-th wrapped function only."""
+    proc = _interleaved(tmp_path, delay="1:200000")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    per_call = json.loads((tmp_path / "interleaved.json").read_text())["results"]["td3"]["interleaved"][
+        "host_us_per_call"]
+    assert per_call[1]["graphmodule"] >= 200000 > per_call[1]["tensordict"]
+    assert per_call[0]["graphmodule"] < 200000 and per_call[2]["graphmodule"] < 200000
+
+
+def test_a_malformed_delay_fails_the_run_saying_what_it_expects(tmp_path):
+    proc = _interleaved(tmp_path, delay="100")
+    assert proc.returncode == 1, proc.stdout[-6000:] + proc.stderr[-6000:]
+    error = json.loads((tmp_path / "interleaved.json").read_text())["results"]["td3"]["error"]
+    assert "GM_DELAY: expected FUNCTION:MICROSECONDS (as 1:100), got '100'" in error
